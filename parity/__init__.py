@@ -1,0 +1,1 @@
+"""The parity harness: scenarios, targets, observers, differ, ledger, reports."""

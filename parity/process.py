@@ -1,0 +1,156 @@
+"""Server subprocesses the harness starts: launch, bounded health wait, reap the whole group.
+
+Every process is started in the caller's session with a new process group (``process_group=0``),
+never a new session (on 2-core machines a new session starves vLLM's API server: oracle-cpu.md),
+and is reaped with ``os.killpg``: SIGTERM, a grace period, then SIGKILL. ``stop`` records whether
+SIGTERM sufficed and how long the exit took, because a server that survives SIGTERM is a finding
+(mission.md: the port's wedged server outlived SIGTERM by 53 minutes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+_LIVE: set[ManagedProcess] = set()
+
+
+class StartupError(RuntimeError):
+    """A server exited or did not become healthy within its bound."""
+
+    def __init__(self, message: str, *, log_tail: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.returncode = returncode
+
+
+@dataclass(frozen=True, slots=True)
+class StopRecord:
+    """How a process group ended."""
+
+    returncode: int | None
+    sigterm_sufficed: bool  # exited within the grace period after SIGTERM
+    exit_s: float  # seconds from SIGTERM to exit (or to SIGKILL's reaping)
+    already_exited: bool  # it had exited before we signalled it
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1 (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ManagedProcess:
+    """One subprocess in its own process group, logging to a file."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        log_path: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            process_group=0,
+        )
+        self.stop_record: StopRecord | None = None
+        _LIVE.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-max_bytes:].decode("utf-8", "replace")
+
+    def wait_healthy(self, url: str, timeout_s: float, *, interval_s: float = 0.25) -> float:
+        """Poll ``url`` until it answers 200; return seconds since start. Bounded by timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise StartupError(
+                        f"exited with code {self.proc.returncode} before {url} answered",
+                        log_tail=self.log_tail(),
+                        returncode=self.proc.returncode,
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - self.started_at
+                except httpx.HTTPError:
+                    pass
+                time.sleep(interval_s)
+        raise StartupError(
+            f"not healthy within {timeout_s:.0f} s ({url})", log_tail=self.log_tail()
+        )
+
+    def stop(self, grace_s: float = 10.0) -> StopRecord:
+        """SIGTERM the group, wait up to grace_s, then SIGKILL. Idempotent."""
+        if self.stop_record is not None:
+            return self.stop_record
+        already = not self.alive()
+        t0 = time.monotonic()
+        sufficed = True
+        if not already:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                sufficed = False
+        # The leader may be gone while workers of its group linger: always finish the group.
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self.stop_record = StopRecord(
+            returncode=self.proc.returncode,
+            sigterm_sufficed=sufficed,
+            exit_s=time.monotonic() - t0,
+            already_exited=already,
+        )
+        self._log.close()
+        _LIVE.discard(self)
+        return self.stop_record
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _reap_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop(grace_s=2.0)
