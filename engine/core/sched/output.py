@@ -36,7 +36,9 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     resumed_req_ids: set[str] = field(default_factory=set)  # runner must rebuild their state
     new_token_ids: list[list[int]] = field(default_factory=list)  # empty without async/PP
-    all_token_ids: dict[str, list[int]] = field(default_factory=dict)  # resumed requests only
+    # Full token ids of requests not scheduled in the previous step (resumed ones included),
+    # as upstream's MRV1 path (scheduler.py:1731-1733).
+    all_token_ids: dict[str, list[int]] = field(default_factory=dict)
     new_block_ids: list[list[int] | None] = field(default_factory=list)  # appended blocks;
     # for a resumed request: all of its blocks (it lost its old ones)
     num_computed_tokens: list[int] = field(default_factory=list)
