@@ -1,0 +1,1 @@
+"""OpenAI-compatible endpoints, mirroring ``vllm/entrypoints/openai`` at the pin."""

