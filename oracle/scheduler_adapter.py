@@ -9,7 +9,10 @@ returns the step as an ``engine.trace.StepTrace`` observed exactly as ``engine/t
 The fake runner, like upstream's GPU/CPU model runner:
 - samples one token for a request whose scheduled tokens reach ``num_tokens`` and none for a
   partial prefill chunk (the scheduler's ``is_prefill_chunk``, ``scheduler.py:1616-1640``);
-- samples greedily: ``script.next_token(all tokens)``;
+- samples greedily: the script's next token after all of the request's tokens, asked through
+  one incremental ``ScriptState`` per request (``engine/scripted/script.py``; created when the
+  request is first sampled, fed every token the request gains, rebuilt for a resumed request,
+  dropped with ``finished_req_ids``), so a step is O(1) per request, not O(context);
 - under ``min_tokens`` masks ``sampling_params.all_stop_token_ids`` as ``MinTokensLogitsProcessor``
   does (``v1/sample/logits_processor/builtin.py:165-205``): ``stop_token_ids`` plus the EOS id,
   which ``update_from_generation_config`` (``sampling_params.py:772``) adds even with
@@ -31,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from engine.scripted.script import ContextState, ScriptState, new_state
 from engine.trace import StepTrace
 from oracle.pin import check_installed
 from oracle.scheduler_config import (  # checks the pin and sets the offline env before vllm
@@ -63,7 +67,8 @@ __all__ = [
 
 
 class Script(Protocol):
-    """The project's script (``engine/scripted/script.py``): greedy next token and ranking."""
+    """The project's script (``engine/scripted/script.py``): greedy next token and ranking.
+    With a ``ScriptState`` factory (that module has one) it is asked incrementally."""
 
     def next_token(self, context: Sequence[int]) -> int: ...
 
@@ -99,6 +104,8 @@ class OracleScheduler:
         self.step_index = 0
         self._num_added = 0
         self._preempted: list[str] = []
+        # request_id -> (the upstream Request, its script state over its tokens so far).
+        self._script_states: dict[str, tuple[Request, ScriptState | ContextState]] = {}
         # Recover the preemption order (upstream reports a set) by wrapping the instance's
         # _preempt_request; every preemption in schedule() goes through it.
         preempt = self.scheduler._preempt_request
@@ -179,6 +186,13 @@ class OracleScheduler:
     # -- fake model runner -------------------------------------------------------------------
 
     def _run_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        states = self._script_states
+        for req_id in scheduler_output.finished_req_ids:
+            states.pop(req_id, None)
+        for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
+            # Rebuilt from all tokens, as upstream's runner re-adds a resumed request to its
+            # persistent batch (v1/worker/gpu_model_runner.py:1418-1440).
+            states.pop(req_id, None)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         if not req_ids:
             return EMPTY_MODEL_RUNNER_OUTPUT
@@ -196,15 +210,27 @@ class OracleScheduler:
             sampled_token_ids=sampled,
         )
 
+    def _script_state(self, request: Request) -> ScriptState | ContextState:
+        """The request's script state, caught up with all of its tokens (upstream only appends
+        to them; a shorter list or another Request under the same id starts over)."""
+        tokens = request._all_token_ids  # read-only use; avoids ConstantList indexing cost
+        entry = self._script_states.get(request.request_id)
+        if entry is None or entry[0] is not request or entry[1].num_tokens > len(tokens):
+            entry = self._script_states[request.request_id] = (request, new_state(self.script))
+        state = entry[1]
+        if state.num_tokens < len(tokens):
+            state.extend(tokens[state.num_tokens :])
+        return state
+
     def _sample(self, request: Request) -> int:
-        context = request._all_token_ids  # read-only use; avoids ConstantList indexing cost
-        token = self.script.next_token(context)
+        state = self._script_state(request)
+        token = state.next_token()
         params = request.sampling_params
         assert params is not None
         if params.min_tokens and request.num_output_tokens < params.min_tokens:
             masked = params.all_stop_token_ids
             if token in masked:
-                token = next(t for t in self.script.ranked(context) if t not in masked)
+                token = next(t for t in state.ranked() if t not in masked)
         return token
 
     # -- observation ---------------------------------------------------------------------------

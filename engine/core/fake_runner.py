@@ -5,7 +5,10 @@ It behaves like vLLM's GPU model runner at the scheduler boundary (``_update_sta
 per-request state (tokens, computed count, block table) built from ``NewRequestData`` and updated
 from ``CachedRequestData`` (a resumed request's block table is replaced, not extended), drops
 state for ``finished_req_ids``, samples nothing for a partial prefill chunk, and appends its own
-sampled token to its state. ``min_tokens`` is enforced the way ``MinTokensLogitsProcessor``
+sampled token to its state. Each request also keeps an incremental ``ScriptState``
+(``engine/scripted/script.py``): fed its prompt and every appended token, rebuilt from all
+tokens when a resumed request's tokens are replaced, so a step costs O(1) per request instead of
+re-reading the whole context. ``min_tokens`` is enforced the way ``MinTokensLogitsProcessor``
 (v1/sample/logits_processor/builtin.py:165-260) does it: while fewer than ``min_tokens`` outputs
 exist, every id in ``all_stop_token_ids`` (stop ids plus EOS, even under ``ignore_eos``) is
 banned and the best remaining token of the script's ranking wins.
@@ -21,10 +24,13 @@ from engine.core.sched.output import SchedulerOutput
 from engine.outputs import ModelRunnerOutput
 from engine.request import min_tokens_banned_ids
 from engine.sampling_params import SamplingParams
+from engine.scripted.script import ContextState, ScriptState, new_state
 
 
 class Script(Protocol):
-    """The scripted model's greedy behaviour (engine/scripted/script.py)."""
+    """The scripted model's greedy behaviour (engine/scripted/script.py). A script that also
+    has a ``ScriptState`` factory (that module does) is asked incrementally, any other through
+    ``ContextState`` with the whole context (``engine.scripted.script.new_state``)."""
 
     def next_token(self, context: Sequence[int]) -> int: ...
     def ranked(self, context: Sequence[int]) -> list[int]: ...
@@ -38,6 +44,8 @@ class _RunnerRequest:
     block_ids: list[int]
     num_computed_tokens: int
     banned_under_min_tokens: set[int] = field(default_factory=set)
+    # The script's view of tokens[:script_state.num_tokens]; None: rebuild from all tokens.
+    script_state: ScriptState | ContextState | None = None
 
 
 def _default_script() -> Script:
@@ -95,17 +103,28 @@ class ScriptedModelRunner:
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
             state.num_computed_tokens = cached.num_computed_tokens[i]
+            resumed = req_id in cached.resumed_req_ids
             if req_id in cached.all_token_ids:
-                state.tokens = list(cached.all_token_ids[req_id])
-            num_known_outputs = len(state.tokens) - state.num_prompt_tokens
-            if cached.num_output_tokens[i] < num_known_outputs:
-                del state.tokens[state.num_prompt_tokens + cached.num_output_tokens[i] :]
+                self._set_tokens(state, list(cached.all_token_ids[req_id]), resumed)
+            num_kept = state.num_prompt_tokens + cached.num_output_tokens[i]
+            if num_kept < len(state.tokens):
+                self._set_tokens(state, state.tokens[:num_kept], resumed)
             new_block_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
+            if resumed:
                 assert new_block_ids is not None, f"resumed {req_id} without blocks"
                 state.block_ids = list(new_block_ids)
             elif new_block_ids is not None:
                 state.block_ids.extend(new_block_ids)
+
+    @staticmethod
+    def _set_tokens(state: _RunnerRequest, tokens: list[int], resumed: bool) -> None:
+        """Replace a request's tokens. Its script state survives only while the tokens it has
+        seen are unchanged, and never a resumption (rebuilt from all tokens, as upstream's
+        runner re-adds a resumed request to its persistent batch, gpu_model_runner.py:1418-1440)."""
+        seen = state.script_state.num_tokens if state.script_state is not None else 0
+        if resumed or len(tokens) < seen or tokens[:seen] != state.tokens[:seen]:
+            state.script_state = None
+        state.tokens = tokens
 
     def _check_blocks(self, req_id: str, state: _RunnerRequest, seq_len: int) -> None:
         if self.block_size is not None and len(state.block_ids) * self.block_size < seq_len:
@@ -113,12 +132,22 @@ class ScriptedModelRunner:
                 f"{req_id}: {len(state.block_ids)} blocks cannot hold {seq_len} tokens"
             )
 
+    def _script_state(self, state: _RunnerRequest) -> ScriptState | ContextState:
+        """The request's script state, caught up with all of its tokens."""
+        script_state = state.script_state
+        if script_state is None:
+            script_state = state.script_state = new_state(self.script)
+        if script_state.num_tokens < len(state.tokens):
+            script_state.extend(state.tokens[script_state.num_tokens :])
+        return script_state
+
     def _sample(self, state: _RunnerRequest) -> int:
+        script_state = self._script_state(state)
         num_outputs = len(state.tokens) - state.num_prompt_tokens
         banned = state.banned_under_min_tokens
         if banned and num_outputs < state.sampling_params.min_tokens:
-            for token in self.script.ranked(state.tokens):
+            for token in script_state.ranked():
                 if token not in banned:
                     return token
             raise RuntimeError("the script ranked no token outside the min_tokens ban list")
-        return self.script.next_token(state.tokens)
+        return script_state.next_token()

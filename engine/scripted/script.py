@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from engine.scripted import vocab
 from engine.scripted.vocab import (
@@ -145,15 +146,29 @@ SELECTOR_HEADS: tuple[SelectorHead, ...] = (
 )
 
 
+# ScriptState.key() -> the ranking it implies; shared by every state of the process (bounded).
+_RANKINGS: dict[tuple[object, ...], tuple[int, ...]] = {}
+_RANKINGS_MAX = 1 << 16
+
+
 class ScriptState:
     """The script's view of a growing sequence (its last token and its selectors), updated token
     by token: ``push`` each prompt and output token, then ask ``ranked``/``next_token``. Linear
-    in the sequence length, unlike calling ``next_token(context)`` at every step."""
+    in the sequence length, unlike calling ``next_token(context)`` at every step; the ranking
+    of a state is memoised by ``key()`` (what the scores depend on), so asking is O(1)."""
 
     def __init__(self) -> None:
         self.last: int | None = None
         self.found: dict[Family, int] = {}
         self.only: dict[Family, bool] = {family: True for family in Family}
+        self.num_tokens = 0  # tokens pushed so far
+
+    @classmethod
+    def from_tokens(cls, tokens: Iterable[int]) -> ScriptState:
+        """A state with every token of ``tokens`` pushed."""
+        state = cls()
+        state.extend(tokens)
+        return state
 
     def push(self, token_id: int) -> None:
         """Append one token (ScriptError for an out-of-range id or a second distinct selector
@@ -170,6 +185,25 @@ class ScriptState:
                     f"two distinct {family.value} selectors ({seen} and {token_id}) in one sequence"
                 )
         self.last = token_id
+        self.num_tokens += 1
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """``push`` every token of ``tokens`` in order."""
+        for token_id in tokens:
+            self.push(token_id)
+
+    def copy(self) -> ScriptState:
+        """An independent state with the same tokens pushed."""
+        other = ScriptState()
+        other.last = self.last
+        other.found = dict(self.found)
+        other.only = dict(self.only)
+        other.num_tokens = self.num_tokens
+        return other
+
+    def key(self) -> tuple[object, ...]:
+        """Everything the next token's scores depend on (equal keys: equal rankings)."""
+        return (self.last, *self.found.items(), *self.only.values())
 
     def attended(self, head: SelectorHead) -> int | None:
         """The selector the head's attention lands on at the last position (None: nothing)."""
@@ -193,23 +227,75 @@ class ScriptState:
                 result[token_id] = result.get(token_id, 0.0) + score
         return {t: s for t, s in result.items() if s != 0}
 
+    def ranking(self) -> tuple[int, ...]:
+        """``ranked()`` as a shared, memoised tuple (do not rely on its identity)."""
+        key = self.key()
+        order = _RANKINGS.get(key)
+        if order is None:
+            positive = [(s, t) for t, s in self.scores().items() if s > 0]
+            positive.sort(key=lambda pair: (-pair[0], pair[1]))
+            assert len({s for s, _ in positive}) == len(positive), positive
+            if len(_RANKINGS) >= _RANKINGS_MAX:
+                _RANKINGS.clear()
+            order = _RANKINGS[key] = tuple(t for _, t in positive)
+        return order
+
     def ranked(self) -> list[int]:
         """Token ids best-first: exactly the tie-free ranks."""
-        positive = [(s, t) for t, s in self.scores().items() if s > 0]
-        positive.sort(key=lambda pair: (-pair[0], pair[1]))
-        assert len({s for s, _ in positive}) == len(positive), positive
-        return [t for _, t in positive]
+        return list(self.ranking())
 
     def next_token(self) -> int:
         """The greedy next token."""
-        return self.ranked()[0]
+        return self.ranking()[0]
+
+
+class ContextState:
+    """``ScriptState``'s interface over a script that only answers whole contexts
+    (``next_token(context)`` / ``ranked(context)``, e.g. a test double or a cache): it keeps
+    the tokens and asks the script with all of them, O(n) per question."""
+
+    def __init__(self, script: ContextScript) -> None:
+        self.script = script
+        self.tokens: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def push(self, token_id: int) -> None:
+        self.tokens.append(token_id)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def ranked(self) -> list[int]:
+        return list(self.script.ranked(self.tokens))
+
+    def next_token(self) -> int:
+        return self.script.next_token(self.tokens)
+
+
+class ContextScript(Protocol):
+    """What a scheduler-tier fake runner needs of a script: this module is one."""
+
+    def next_token(self, context: Sequence[int]) -> int: ...
+
+    def ranked(self, context: Sequence[int]) -> list[int]: ...
+
+
+def new_state(script: object = None) -> ScriptState | ContextState:
+    """A fresh incremental state for ``script``: its own ``ScriptState`` when it has one (this
+    module, the default, does), else a ``ContextState`` over its ``next_token``/``ranked``."""
+    if script is None:
+        return ScriptState()
+    factory = getattr(script, "ScriptState", None)
+    if factory is not None:
+        return factory()  # type: ignore[no-any-return]
+    return ContextState(script)  # type: ignore[arg-type]
 
 
 def _state(context: Iterable[int]) -> ScriptState:
-    state = ScriptState()
-    for token_id in context:
-        state.push(token_id)
-    return state
+    return ScriptState.from_tokens(context)
 
 
 def scores(context: Sequence[int]) -> dict[int, float]:

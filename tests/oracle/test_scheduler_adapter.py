@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Sequence
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
 from engine.scripted import script, vocab
+from engine.scripted.script import ScriptState
 from engine.trace import StepTrace
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(120)]
@@ -316,3 +318,117 @@ def test_step_traces_round_trip_through_json(adapter, make_config, make_request)
         again = StepTrace.from_json(json.loads(trace.dumps()))
         assert again == trace
         assert again.dumps() == trace.dumps()
+
+
+# -- the fake runner's script state --------------------------------------------------------------
+
+
+class _CountingScript:
+    """A script that can only be asked incrementally; counts state builds and pushed tokens."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.pushed = 0
+        counter = self
+
+        class CountingState(ScriptState):
+            def __init__(self) -> None:
+                super().__init__()
+                counter.built += 1
+
+            def push(self, token_id: int) -> None:
+                counter.pushed += 1
+                super().push(token_id)
+
+        self.ScriptState = CountingState
+
+    def next_token(self, context: Sequence[int]) -> int:
+        raise AssertionError(f"asked with the whole context ({len(context)} tokens)")
+
+    def ranked(self, context: Sequence[int]) -> list[int]:
+        raise AssertionError(f"asked with the whole context ({len(context)} tokens)")
+
+
+class _WholeContextScript:
+    """The script without ``ScriptState``: the adapter must ask with the whole context."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def next_token(self, context: Sequence[int]) -> int:
+        self.calls += 1
+        return script.next_token(context)
+
+    def ranked(self, context: Sequence[int]) -> list[int]:
+        self.calls += 1
+        return script.ranked(context)
+
+
+def _preempting_requests(make_request) -> list[dict[str, Any]]:
+    countdown = [vocab.BOS, vocab.number(9)]
+    requests = [
+        make_request(
+            f"r{i}",
+            [vocab.BOS, *range(10 + 40 * i, 29 + 43 * i)],
+            40,
+            ignore_eos=True,
+            at_step=i % 3,
+        )
+        for i in range(5)
+    ]
+    requests.append(make_request("m", countdown, 30, min_tokens=12, at_step=2))
+    requests.append(make_request("s", countdown, 30, stop_token_ids=[vocab.number(4)]))
+    return requests
+
+
+def test_runner_asks_the_script_incrementally(
+    adapter, make_config, make_request, trace_tools
+) -> None:
+    requests = _preempting_requests(make_request)
+    config = make_config(12, 2048, max_num_batched_tokens=32, max_num_seqs=8)
+    counting, whole = _CountingScript(), _WholeContextScript()
+    traces = adapter.run(requests, 2000, config, script=counting)
+    assert traces == adapter.run(requests, 2000, config, script=script)
+    assert traces == adapter.run(requests, 2000, config, script=whole)
+    finished = {r for t in traces for r in t.finished}
+    assert finished == {r["id"] for r in requests}
+    for request in requests:
+        want = script.expected(
+            request["prompt_token_ids"],
+            request["max_tokens"],
+            min_tokens=request["min_tokens"],
+            ignore_eos=request["ignore_eos"],
+            stop_token_ids=request["stop_token_ids"],
+        )
+        assert trace_tools.tokens(traces, request["id"]) == want
+    resumes = [r for t in traces for r in t.scheduled_resumed_req_ids]
+    assert resumes, "the workload must preempt and resume"
+    # One state per request plus at most one rebuild per resumption, each fed a token once.
+    assert len(requests) <= counting.built <= len(requests) + len(resumes)
+    final_lens = {
+        r["id"]: len(r["prompt_token_ids"]) + len(trace_tools.tokens(traces, r["id"]))
+        for r in requests
+    }
+    assert counting.pushed <= sum(n * (1 + resumes.count(r)) for r, n in final_lens.items())
+    assert whole.calls >= sum(len(t.sampled_token_ids) for t in traces)
+
+
+def test_runner_keeps_state_of_a_running_request_and_drops_finished(
+    adapter, make_config, make_request
+) -> None:
+    # S14 at 0.32: A self-preempts at step 4 and B is not scheduled; B stays running (its
+    # state is kept), A is resumed (its state is rebuilt).
+    counting = _CountingScript()
+    config = make_config(5, 64, scheduling_policy="priority")
+    with adapter.OracleScheduler(config, script=counting) as oracle:
+        oracle.add_request("A", [vocab.BOS, *[ord("A")] * 29], 20, ignore_eos=True, priority=1)
+        traces = [oracle.step()]
+        oracle.add_request("B", [vocab.BOS, *[ord("B")] * 28], 20, ignore_eos=True)
+        while oracle.has_unfinished_requests():
+            traces.append(oracle.step())
+        assert traces[3].preempted_req_ids == ("A",) and traces[4].num_scheduled_tokens == {"B": 1}
+        assert [r for t in traces for r in t.scheduled_resumed_req_ids] == ["A"]
+        assert counting.built == 3  # A, B, and A again after its resumption
+        assert oracle._script_states.keys() <= {"A", "B"}
+        oracle.step()  # finished requests reach the runner with the next schedule()
+        assert oracle._script_states == {}

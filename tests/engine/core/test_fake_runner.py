@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.scripted import script, vocab
+from engine.scripted.script import ScriptState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,3 +86,103 @@ def test_runner_checks_block_table_covers_tokens(factories: Any) -> None:
     )
     with pytest.raises(AssertionError, match="cannot hold 5 tokens"):
         runner.execute_model(output)
+
+
+class _CountingScript:
+    """A script that can only be asked incrementally; counts state builds and pushed tokens."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.pushed = 0
+        counter = self
+
+        class CountingState(ScriptState):
+            def __init__(self) -> None:
+                super().__init__()
+                counter.built += 1
+
+            def push(self, token_id: int) -> None:
+                counter.pushed += 1
+                super().push(token_id)
+
+        self.ScriptState = CountingState
+
+    def next_token(self, context: Sequence[int]) -> int:
+        raise AssertionError(f"asked with the whole context ({len(context)} tokens)")
+
+    def ranked(self, context: Sequence[int]) -> list[int]:
+        raise AssertionError(f"asked with the whole context ({len(context)} tokens)")
+
+
+class _WholeContextScript:
+    """The script without ``ScriptState``: the runner must ask with the whole context."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def next_token(self, context: Sequence[int]) -> int:
+        self.calls += 1
+        return script.next_token(context)
+
+    def ranked(self, context: Sequence[int]) -> list[int]:
+        self.calls += 1
+        return script.ranked(context)
+
+
+def _preempting_workload(f: Any, script_: Any) -> tuple[EngineCore, Any, dict[str, int]]:
+    """Tight KV, chunked prefill, min_tokens and stop ids: preemptions and resumptions."""
+    cfg = f.create_config(max_num_batched_tokens=32, max_num_seqs=8)
+    core = EngineCore(cfg, ScriptedModelRunner(script_, block_size=cfg.block_size), 12)
+    requests = [
+        f.make_request(f"r{i}", f.prompt(10 + 40 * i, 20 + 3 * i), 40, ignore_eos=True)
+        for i in range(5)
+    ]
+    countdown = [vocab.BOS, vocab.number(9)]
+    requests.append(f.make_request("m", countdown, 30, min_tokens=12))
+    requests.append(f.make_request("s", countdown, 30, stop_token_ids=[vocab.number(4)]))
+    prompt_lens = {r.request_id: len(r.prompt_token_ids) for r in requests}
+    run = f.run_workload(core, [(i % 3, r) for i, r in enumerate(requests)], 2000)
+    return core, run, prompt_lens
+
+
+def test_runner_asks_the_script_incrementally(factories: Any) -> None:
+    counting, whole = _CountingScript(), _WholeContextScript()
+    core, run, prompt_lens = _preempting_workload(factories, counting)
+    assert run.traces == _preempting_workload(factories, script)[1].traces
+    assert run.traces == _preempting_workload(factories, whole)[1].traces
+    assert run.finish.keys() == prompt_lens.keys()
+    countdown = [vocab.BOS, vocab.number(9)]
+    assert run.tokens["m"] == script.expected(countdown, 30, min_tokens=12)
+    assert run.tokens["s"] == script.expected(countdown, 30, stop_token_ids=[vocab.number(4)])
+    resumes = [r for t in run.traces for r in t.scheduled_resumed_req_ids]
+    assert resumes, "the workload must preempt and resume"
+    core.step()  # the finished requests' states are dropped at the next step
+    assert core.runner.requests == {}  # type: ignore[attr-defined]
+    # One state per request plus at most one rebuild per resumption; a state is fed each
+    # token once, so pushes are linear in the tokens, while the whole-context script is asked
+    # once per sampled token with all of them.
+    assert len(prompt_lens) <= counting.built <= len(prompt_lens) + len(resumes)
+    final_lens = {r: prompt_lens[r] + len(run.tokens[r]) for r in prompt_lens}
+    assert counting.pushed <= sum(n * (1 + resumes.count(r)) for r, n in final_lens.items())
+    assert whole.calls >= sum(len(tokens) for tokens in run.tokens.values())
+
+
+def test_runner_keeps_state_when_an_unscheduled_request_is_resent(factories: Any) -> None:
+    # The spec's S14 (0.32 semantics): A self-preempts at step 4 and the running loop breaks,
+    # so B is not scheduled; at step 5 B's tokens are re-sent (not resumed): its state stays.
+    f = factories
+    counting = _CountingScript()
+    cfg = f.create_config(max_model_len=64, scheduling_policy="priority")
+    core = EngineCore(cfg, ScriptedModelRunner(counting, block_size=cfg.block_size), 5)
+    a_prompt, b_prompt = [vocab.BOS, *[ord("A")] * 29], [vocab.BOS, *[ord("B")] * 28]
+    a = f.make_request("A", a_prompt, 20, ignore_eos=True, priority=1)
+    b = f.make_request("B", b_prompt, 20, ignore_eos=True)
+    run = f.run_workload(core, [a, (1, b)])
+    assert run.step(4).preempted_req_ids == ("A",) and run.step(4).num_scheduled_tokens == {}
+    assert run.step(5).num_scheduled_tokens == {"B": 1}
+    assert run.step(5).scheduled_running_req_ids == ("B",)
+    resumes = [r for t in run.traces for r in t.scheduled_resumed_req_ids]
+    assert resumes == ["A"]
+    assert counting.built == 3  # A, B, and A again after its resumption
+    assert run.tokens["A"] == script.expected(a_prompt, 20, ignore_eos=True)
+    assert run.tokens["B"] == script.expected(b_prompt, 20, ignore_eos=True)

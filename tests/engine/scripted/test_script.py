@@ -223,3 +223,74 @@ def test_expected_is_greedy_and_prefix_consistent(prompt: list[int], n: int, ext
         assert state.next_token() == token_id and state.ranked() == ranked(prompt + out[:i])
         state.push(token_id)
     assert len(out) == n or out[-1] == EOS
+
+
+def _reference_ranked(context: list[int]) -> list[int]:
+    """``ranked`` recomputed from ``scores`` (never memoised)."""
+    scores = script.scores(context)
+    return sorted((t for t, s in scores.items() if s > 0), key=lambda t: (-scores[t], t))
+
+
+@st.composite
+def contexts(draw: st.DrawFn) -> list[int]:
+    """Contexts dense in selectors (one of each family at most) and the tokens they key on."""
+    think = draw(st.sampled_from(range(397, 424)))
+    answer = draw(st.sampled_from(range(424, 490)))
+    special = [ASSISTANT, THINK, END_THINK, think, answer]
+    token = st.one_of(st.sampled_from(_SAFE), st.sampled_from(special))
+    return draw(st.lists(token, min_size=1, max_size=60))
+
+
+@settings(max_examples=300, deadline=None)
+@given(contexts(), st.data())
+def test_script_state_agrees_with_whole_context_functions(
+    context: list[int], data: st.DataObject
+) -> None:
+    state = ScriptState()
+    snapshots: list[tuple[int, ScriptState]] = []
+    for i, token_id in enumerate(context):
+        state.push(token_id)
+        prefix = context[: i + 1]
+        want = _reference_ranked(prefix)
+        assert state.num_tokens == i + 1
+        assert state.ranked() == want == ranked(prefix)
+        assert state.next_token() == want[0] == next_token(prefix)
+        if data.draw(st.booleans()):
+            snapshots.append((i + 1, state.copy()))
+    again = ScriptState.from_tokens(context)
+    assert again.key() == state.key() and again.ranked() == state.ranked()
+    for length, snapshot in snapshots:  # copies are independent of later pushes
+        assert snapshot.num_tokens == length
+        assert snapshot.ranked() == _reference_ranked(context[:length])
+
+
+def test_script_state_ranking_is_shared_but_ranked_is_a_fresh_list() -> None:
+    state = ScriptState.from_tokens([BOS, number(3)])
+    order = state.ranked()
+    order.clear()
+    assert state.ranked() == _reference_ranked([BOS, number(3)])
+    assert ScriptState.from_tokens([USER, number(3)]).key() == state.key()
+    with pytest.raises(ScriptError, match="non-empty"):
+        ScriptState().next_token()
+
+
+def test_new_state_uses_the_script_state_or_asks_with_the_whole_context() -> None:
+    assert isinstance(script.new_state(script), ScriptState)
+    assert isinstance(script.new_state(), ScriptState)
+    asked: list[list[int]] = []
+
+    class WholeContext:
+        def next_token(self, context: list[int]) -> int:
+            asked.append(list(context))
+            return next_token(context)
+
+        def ranked(self, context: list[int]) -> list[int]:
+            return ranked(context)
+
+    state = script.new_state(WholeContext())
+    assert isinstance(state, script.ContextState)
+    state.extend([BOS, number(2)])
+    state.push(number(1))
+    assert state.num_tokens == 3
+    assert state.next_token() == number(0) and state.ranked() == ranked([BOS, number(2), number(1)])
+    assert asked == [[BOS, number(2), number(1)]]

@@ -1,0 +1,49 @@
+"""Errors a user can cause, each rendered as one clear ``file:line: message`` line.
+
+Tracebacks are for bugs: everything here is caught by the CLI and printed as text (exit code 2
+for bad input, 3 for a target that failed to start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with an input file, at a line (1-based; None when unknown)."""
+
+    file: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+class ParityError(Exception):
+    """Base class of the harness's user-facing errors."""
+
+
+class ScenarioError(ParityError):
+    """A scenario file that cannot be used; ``str()`` is one ``file:line: message`` per problem."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        if not self.problems:
+            raise ValueError("ScenarioError needs at least one problem")
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @classmethod
+    def at(cls, file: str, line: int | None, message: str) -> ScenarioError:
+        return cls([Problem(file, line, message)])
+
+
+class TargetSpecError(ParityError):
+    """An unknown or malformed ``--target`` value."""
+
+
+class TargetStartError(ParityError):
+    """A target refused to start with the scenario's config (the message says why)."""

@@ -1,0 +1,257 @@
+"""Load scenario files with ``file:line`` errors; write scenarios back as YAML.
+
+Errors come from three layers, all reported as ``file:line: message``: YAML syntax (the parser's
+mark), the pydantic schema (each error's location mapped back to the line of the key or list
+item through ``parity._yaml``), and the semantic checks below (``id`` equals the file stem,
+request ids unique, exactly one prompt form, tier-specific keys, ``expect`` names known
+requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path as FsPath
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from parity._yaml import LineMap, Path, line_of, load_with_lines
+from parity.errors import Problem, ScenarioError
+from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
+
+SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
+SERVE_LIMIT_KEYS = ("startup_timeout_s", "request_timeout_s", "stall_s")
+NOT_SCENARIOS = frozenset({"ledger.yaml"})
+_REQUEST_DEFAULTS = {"min_tokens": 0, "stop_token_ids": [], "priority": 0, "at_step": 0}
+
+
+def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
+    """Scenario files under ``paths``, sorted.
+
+    A directory means every ``*.yaml`` below it except the decision ledger (``ledger.yaml``)
+    and names starting with ``_``; a file named explicitly is always taken.
+    """
+    files: list[FsPath] = []
+    for raw in paths:
+        path = FsPath(raw)
+        if path.is_dir():
+            found = (p for p in path.rglob("*.yaml") if p.is_file() and _is_scenario_name(p))
+            files.extend(sorted(found))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ScenarioError.at(str(path), None, "no such file or directory")
+    return files
+
+
+def _is_scenario_name(path: FsPath) -> bool:
+    return path.name not in NOT_SCENARIOS and not path.name.startswith("_")
+
+
+def load_scenarios(paths: Iterable[str | FsPath]) -> list[Scenario]:
+    """Load every scenario under ``paths``; all problems of all files in one ``ScenarioError``."""
+    scenarios: list[Scenario] = []
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for file in collect_files(paths):
+        try:
+            scenario = load_scenario(file)
+        except ScenarioError as exc:
+            problems.extend(exc.problems)
+            continue
+        if scenario.id in seen:
+            problems.append(
+                Problem(
+                    str(file), scenario.line_of(("id",)), f"duplicate id (also {seen[scenario.id]})"
+                )
+            )
+            continue
+        seen[scenario.id] = str(file)
+        scenarios.append(scenario)
+    if problems:
+        raise ScenarioError(problems)
+    return scenarios
+
+
+def load_scenario(path: str | FsPath) -> Scenario:
+    """Load and validate one scenario file."""
+    file = str(path)
+    try:
+        text = FsPath(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError.at(file, None, f"cannot read: {exc}") from None
+    return parse_scenario(text, file, stem=FsPath(path).stem)
+
+
+def parse_scenario(text: str, file: str, stem: str | None = None) -> Scenario:
+    """Validate scenario text; ``stem`` (when given) must equal the ``id``."""
+    data, lines = load_with_lines(text, file)
+    if data is None:
+        raise ScenarioError.at(file, 1, "empty scenario file")
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_schema_problems(exc, data, lines, file)) from None
+    scenario.attach_source(file, lines)
+    problems = [
+        Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
+        for path, message in _semantic(scenario, stem)
+    ]
+    if problems:
+        raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
+    return scenario
+
+
+def _schema_problems(exc: ValidationError, data: Any, lines: LineMap, file: str) -> list[Problem]:
+    """One problem per data path; union branches at the same path are merged into one line."""
+    merged: dict[Path, list[str]] = {}
+    inputs: dict[Path, Any] = {}
+    for error in exc.errors():
+        path = _data_path(data, error["loc"], error["type"] == "missing")
+        messages = merged.setdefault(path, [])
+        message = _message(error)
+        if message not in messages:
+            messages.append(message)
+        inputs.setdefault(path, error.get("input"))
+    problems = []
+    for path, messages in merged.items():
+        text = "; or ".join(messages)
+        if len(messages) > 1 or "got" not in text and _shows_input(messages[0]):
+            text += f", got {inputs[path]!r}"
+        where = dotted(path) or "scenario"
+        problems.append(Problem(file, line_of(lines, path), f"{where}: {text}"))
+    problems.sort(key=lambda p: (p.line or 0, p.message))
+    return problems
+
+
+def _message(error: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "missing required key"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def _shows_input(message: str) -> bool:
+    return message.startswith("Input should") or message.startswith("String should")
+
+
+def _data_path(data: Any, loc: Sequence[Any], missing: bool) -> Path:
+    """Keep the elements of a pydantic location that index the data (drop union tags)."""
+    path: list[str | int] = []
+    node = data
+    for index, element in enumerate(loc):
+        if isinstance(node, dict) and element in node:
+            path.append(element)
+            node = node[element]
+        elif isinstance(node, list) and isinstance(element, int) and 0 <= element < len(node):
+            path.append(element)
+            node = node[element]
+        elif missing and index == len(loc) - 1 and isinstance(element, str):
+            path.append(element)
+    return tuple(path)
+
+
+def dotted(path: Path) -> str:
+    """``("requests", 0, "max_tokens")`` -> ``requests[0].max_tokens``."""
+    text = ""
+    for element in path:
+        if isinstance(element, int):
+            text += f"[{element}]"
+        else:
+            text += f".{element}" if text else str(element)
+    return text
+
+
+def _semantic(scenario: Scenario, stem: str | None) -> list[tuple[Path, str]]:
+    """Checks the schema cannot express, each with the path of the offending key."""
+    found: list[tuple[Path, str]] = []
+    if stem is not None and scenario.id != stem:
+        found.append((("id",), f"{scenario.id!r} must equal the file name {stem!r}"))
+    ids: dict[str, int] = {}
+    for index, request in enumerate(scenario.requests):
+        where: Path = ("requests", index)
+        if request.id in ids:
+            found.append(((*where, "id"), f"duplicate request id {request.id!r}"))
+        ids.setdefault(request.id, index)
+        forms = [k for k in ("prompt_token_ids", "prompt", "messages") if getattr(request, k)]
+        if len(forms) != 1:
+            found.append((where, "give exactly one of prompt_token_ids, prompt, messages"))
+        found.extend(_tier_request_checks(scenario, request, where))
+    if scenario.runs_at_scheduler_tier and scenario.config.num_gpu_blocks_override is None:
+        found.append((("config",), "the scheduler tier needs num_gpu_blocks_override"))
+    if scenario.tier == "scheduler":
+        for key in SERVE_CONFIG_KEYS:
+            if key in scenario.config.model_fields_set:
+                found.append(
+                    (("config", key), "a serve-tier key (this scenario is tier: scheduler)")
+                )
+        for key in SERVE_LIMIT_KEYS:
+            if key in scenario.limits.model_fields_set:
+                found.append(
+                    (("limits", key), "a serve-tier key (this scenario is tier: scheduler)")
+                )
+    found.extend(_expect_checks(scenario, set(ids)))
+    return found
+
+
+def _tier_request_checks(scenario: Scenario, request: Any, where: Path) -> list[tuple[Path, str]]:
+    found: list[tuple[Path, str]] = []
+    if scenario.tier == "scheduler":
+        for key in sorted(request.model_fields_set - SCHEDULER_REQUEST_KEYS):
+            found.append(((*where, key), "a serve-tier key (this scenario is tier: scheduler)"))
+    if scenario.tier == "serve" and "at_step" in request.model_fields_set:
+        found.append(((*where, "at_step"), "a scheduler-tier key (the serve tier uses at_ms)"))
+    if scenario.runs_at_scheduler_tier:
+        if request.prompt_token_ids is None:
+            found.append((where, "the scheduler tier needs prompt_token_ids"))
+        if request.max_tokens is None or request.max_tokens < 1:
+            found.append(((*where, "max_tokens"), "required (>= 1) at the scheduler tier"))
+    return found
+
+
+def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
+    expect = scenario.expect
+    if expect is None:
+        return []
+    found: list[tuple[Path, str]] = []
+    for key in (
+        "outcome",
+        "finish_reason",
+        "stop_reason",
+        "num_output_tokens",
+        "output_token_ids",
+        "num_preemptions",
+        "finished_at_step",
+    ):
+        for request_id in getattr(expect, key):
+            if request_id not in ids:
+                found.append((("expect", key, request_id), f"unknown request {request_id!r}"))
+    for step in expect.steps:
+        if step > scenario.limits.max_steps:
+            found.append((("expect", "steps", step), f"step {step} is beyond limits.max_steps"))
+    return found
+
+
+def dump_scenario(scenario: Scenario) -> str:
+    """YAML text of ``scenario`` (keys set explicitly only) that loads back to an equal one."""
+    data = scenario.model_dump(mode="json", exclude_unset=True)
+    for request in data["requests"]:  # drop per-request keys left at their defaults
+        for key, default in _REQUEST_DEFAULTS.items():
+            if key in request and request[key] == default:
+                del request[key]
+    if scenario.expect is not None and "steps" in data.get("expect", {}):
+        data["expect"]["steps"] = {int(k): v for k, v in data["expect"]["steps"].items()}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def write_scenario(scenario: Scenario, directory: str | FsPath) -> FsPath:
+    """Write ``scenario`` to ``directory/<id>.yaml`` and return the path."""
+    folder = FsPath(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{scenario.id}.yaml"
+    path.write_text(dump_scenario(scenario), encoding="utf-8")
+    return path

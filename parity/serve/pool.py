@@ -1,0 +1,275 @@
+"""Start each distinct serve-tier server once per run, reuse it, and reap it with a record.
+
+``ServerPool.get(target, config)`` starts ``target`` with ``config`` the first time that
+(target, flags) pair is asked for and returns the same ``ServerHandle`` afterwards; a refusal or
+a startup timeout is cached too (the same config is not retried every scenario). A server that
+died since (``crashed``) is replaced by a fresh one on the next ``get``, so a run continues with
+the next scenario. ``close`` stops every server (SIGTERM, grace, SIGKILL of the whole process
+group through ``parity.process.ManagedProcess``) and keeps each ``StopRecord``.
+
+Startup outcomes: ``started``; ``startup_refused`` (the process exited before ``/health``
+answered: the key line of its log, e.g. upstream's ``ValueError: To serve at least one request
+with the model's max seq len (2048) ... the estimated maximum model length is 48``, from
+``vllm/v1/core/kv_cache_utils.py:1003-1041`` at the pin); ``startup_timeout`` (still not
+healthy after ``startup_timeout_s``: stopped, never waited on without a bound).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from parity._codec import JsonMixin
+from parity.process import ManagedProcess, StartupError, StopRecord, free_port
+from parity.serve.spec import DEFAULT_STARTUP_TIMEOUT_S, ServerConfig
+from parity.serve.targets import (
+    ADDRESS_IN_USE,
+    HOST,
+    TargetSpec,
+    parse_target,
+    server_argv,
+    server_cwd,
+    server_env,
+    startup_error_line,
+    startup_numbers,
+)
+
+STARTUP_OUTCOMES = ("started", "startup_refused", "startup_timeout")
+PORT_ATTEMPTS = 3
+LOG_TAIL_BYTES = 8000
+GROUP_EXIT_WAIT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class StartupRecord(JsonMixin):
+    """How a server's startup ended."""
+
+    target: str  # the target's label
+    outcome: str  # one of STARTUP_OUTCOMES
+    error: str | None = None  # the key line of the log (refused / timeout)
+    numbers: dict[str, int] = field(default_factory=dict)  # e.g. estimated_max_model_len
+    startup_s: float = 0.0
+    returncode: int | None = None
+    argv: tuple[str, ...] = ()
+    port: int | None = None
+    attempts: int = 1
+    log_tail: str = ""
+
+    @property
+    def started(self) -> bool:
+        return self.outcome == "started"
+
+    def describe(self) -> str:
+        if self.started:
+            return f"{self.target}: started in {self.startup_s:.1f} s on port {self.port}"
+        return f"{self.target}: {self.outcome}: {self.error}"
+
+
+class ServerHandle:
+    """One server of the pool: its startup record, URL, process and (once stopped) stop record."""
+
+    def __init__(
+        self,
+        target: TargetSpec,
+        config: ServerConfig,
+        startup: StartupRecord,
+        process: ManagedProcess | None,
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.startup = startup
+        self.process = process
+        self.stop_record: StopRecord | None = None
+        self.final_log_tail: str | None = None
+        self.leftover_pids: tuple[int, ...] = ()  # group members still alive after stop
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.startup.port}"
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_name
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.process is None else self.process.log_path
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def log_tail(self, max_bytes: int = LOG_TAIL_BYTES) -> str:
+        if self.process is None or self.final_log_tail is not None:
+            return (self.final_log_tail or self.startup.log_tail)[-max_bytes:]
+        return self.process.log_tail(max_bytes)
+
+    def stop(self, grace_s: float = 10.0) -> StopRecord | None:
+        """SIGTERM the group, wait ``grace_s``, SIGKILL; idempotent. None if never spawned.
+
+        Also waits (bounded) until every member of the group is gone: a killed worker holding
+        gigabytes can take a moment to exit after its leader has been reaped."""
+        if self.process is None:
+            return None
+        if self.stop_record is None:
+            self.stop_record = self.process.stop(grace_s=grace_s)
+            self.final_log_tail = self.process.log_tail(LOG_TAIL_BYTES)
+        self.leftover_pids = wait_group_gone(self.process.pid, GROUP_EXIT_WAIT_S)
+        return self.stop_record
+
+
+class ServerPool:
+    """Servers of one run, keyed by (target, argv without the port)."""
+
+    def __init__(self, log_dir: str | Path | None = None, *, grace_s: float = 10.0) -> None:
+        self._own_dir = log_dir is None
+        self.log_dir = Path(
+            tempfile.mkdtemp(prefix="parity-serve-") if log_dir is None else log_dir
+        )
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.grace_s = grace_s
+        self._handles: dict[tuple[str, tuple[str, ...]], ServerHandle] = {}
+        self.retired: list[ServerHandle] = []  # crashed servers replaced by a new start
+        self._count = 0
+        self.closed = False
+
+    def __enter__(self) -> ServerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def handles(self) -> list[ServerHandle]:
+        return [*self.retired, *self._handles.values()]
+
+    def get(
+        self,
+        target: str | TargetSpec,
+        config: ServerConfig,
+        *,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> ServerHandle:
+        """The server for (target, config): started now, or the one started earlier."""
+        if self.closed:
+            raise RuntimeError("ServerPool is closed")
+        spec = parse_target(target) if isinstance(target, str) else target
+        key = (spec.label, tuple(server_argv(spec, config, 0)))  # port 0: same config, same key
+        handle = self._handles.get(key)
+        if handle is not None and (not handle.startup.started or handle.alive()):
+            return handle
+        if handle is not None:  # it died since it started: record that, start a new one
+            handle.stop(grace_s=0.5)
+            self.retired.append(handle)
+        handle = self._start(spec, config, startup_timeout_s)
+        self._handles[key] = handle
+        return handle
+
+    def stop(self, handle: ServerHandle, grace_s: float | None = None) -> StopRecord | None:
+        """Stop one server now (e.g. a SIGTERM leg); it is replaced on the next ``get``."""
+        return handle.stop(self.grace_s if grace_s is None else grace_s)
+
+    def close(self) -> list[tuple[str, StopRecord]]:
+        """Stop every server; return (label, stop record) pairs. Removes an own temp log dir."""
+        records: list[tuple[str, StopRecord]] = []
+        for handle in self.handles:
+            record = handle.stop(self.grace_s)
+            if record is not None:
+                records.append((handle.label, record))
+        self.closed = True
+        if self._own_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+        return records
+
+    def _start(self, spec: TargetSpec, config: ServerConfig, timeout_s: float) -> ServerHandle:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            handle = self._start_once(spec, config, timeout_s, attempt)
+            in_use = any(m in handle.startup.log_tail for m in ADDRESS_IN_USE)
+            if handle.startup.outcome != "startup_refused" or not in_use:
+                return handle
+        return handle
+
+    def _start_once(
+        self, spec: TargetSpec, config: ServerConfig, timeout_s: float, attempt: int
+    ) -> ServerHandle:
+        port = free_port()
+        argv = server_argv(spec, config, port)
+        self._count += 1
+        log = self.log_dir / f"{self._count:02d}-{_slug(spec.label)}.log"
+        began = time.monotonic()
+        process = ManagedProcess(argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec))
+        record = dict(target=spec.label, argv=tuple(argv), port=port, attempts=attempt)
+        try:
+            elapsed = process.wait_healthy(f"http://{HOST}:{port}/health", timeout_s)
+        except StartupError as exc:
+            timed_out = exc.returncode is None and process.alive()
+            process.stop(grace_s=min(self.grace_s, 5.0))
+            tail = process.log_tail(LOG_TAIL_BYTES)
+            full = _read(log)
+            startup = StartupRecord(
+                outcome="startup_timeout" if timed_out else "startup_refused",
+                error=str(exc) if timed_out else (startup_error_line(full) or str(exc)),
+                numbers=startup_numbers(full),
+                startup_s=round(time.monotonic() - began, 3),
+                returncode=process.proc.returncode,
+                log_tail=tail,
+                **record,  # type: ignore[arg-type]
+            )
+            handle = ServerHandle(spec, config, startup, process)
+            handle.stop()  # already stopped: records it and waits for the group to be gone
+            return handle
+        startup = StartupRecord(
+            outcome="started",
+            numbers=startup_numbers(_read(log)),
+            startup_s=round(elapsed, 3),
+            **record,  # type: ignore[arg-type]
+        )
+        return ServerHandle(spec, config, startup, process)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group ``pgid``."""
+    members: list[int] = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> tuple[int, ...]:
+    """SIGKILL what is left of the group and wait until it is gone; return any survivors."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members = group_members(pgid)
+        if not members or time.monotonic() >= deadline:
+            return tuple(members)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        time.sleep(0.05)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:60].strip("_") or "server"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,220 @@
+"""What a serve-tier run needs from a scenario: server config, requests, limits, and adapters.
+
+These are plain frozen dataclasses so the serve tier can run without a scenario file (tests,
+``parity repro``), and ``from_scenario`` builds them from a loaded ``parity.scenario.Scenario``.
+Only keys the scenario sets explicitly (pydantic ``model_fields_set``) become server flags or
+request-body fields: an absent key tests the server's own default (``max_tokens`` absent tests
+upstream's default of 16 for completions and ``max_model_len - prompt_len`` for chat:
+upstream-vllm-spec.md B6.1).
+
+Upstream: the request bodies are vLLM's OpenAI protocol
+(``vllm/entrypoints/openai/completion/protocol.py``, ``chat_completion/protocol.py`` at the pin);
+the config keys are vLLM's engine-arg names (``vllm/engine/arg_utils.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from parity._codec import JsonMixin
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS_DIR = ROOT / ".cache" / "models"
+
+Endpoint = Literal["completions", "chat"]
+ENDPOINT_PATHS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+
+DEFAULT_STARTUP_TIMEOUT_S = 240.0
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_STALL_S = 2.0
+
+# ConfigSpec keys that map one-to-one to ``--kebab-case`` server flags.
+CONFIG_FLAG_KEYS = (
+    "block_size",
+    "num_gpu_blocks_override",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "scheduling_policy",
+    "long_prefill_token_threshold",
+    "dtype",
+    "seed",
+    "reasoning_parser",
+)
+# RequestSpec keys that are not body fields (or are handled separately).
+_NON_BODY_KEYS = frozenset(
+    {"id", "endpoint", "stream", "at_ms", "repeat", "concurrency", "at_step"}
+    | {"prompt", "prompt_token_ids", "messages", "max_tokens"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig(JsonMixin):
+    """One server's configuration: vLLM engine args (only the ones set) and extra flags."""
+
+    model: str = "scripted"  # a folder, or the name of a built model in .cache/models
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM names, e.g. block_size
+    served_model_name: str | None = None  # default: the model folder's name
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def model_dir(self) -> Path:
+        return resolve_model(self.model)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_dir.name
+
+
+@dataclass(frozen=True, slots=True)
+class ServeRequestSpec(JsonMixin):
+    """One serve-tier request (``repeat`` copies of it, at most ``concurrency`` at once)."""
+
+    id: str
+    endpoint: Endpoint = "completions"
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    stream: bool = False
+    max_tokens: int | None = None  # None: the key is absent from the body
+    body: dict[str, Any] = field(default_factory=dict)  # sampling fields, stream_options, ...
+    at_ms: float = 0.0
+    repeat: int = 1
+    concurrency: int | None = None  # None: every copy at once
+
+    def __post_init__(self) -> None:
+        forms = [self.prompt is not None, self.prompt_token_ids is not None]
+        if self.endpoint == "chat" and (self.messages is None or any(forms)):
+            raise ValueError(f"request {self.id}: the chat endpoint takes messages only")
+        if self.endpoint == "completions" and (self.messages is not None or sum(forms) != 1):
+            raise ValueError(
+                f"request {self.id}: completions take exactly one of prompt, prompt_token_ids"
+            )
+        if self.repeat < 1 or (self.concurrency is not None and self.concurrency < 1):
+            raise ValueError(f"request {self.id}: repeat and concurrency must be >= 1")
+
+    def request_body(self, model: str) -> dict[str, Any]:
+        """The JSON body sent to the server."""
+        body: dict[str, Any] = {"model": model}
+        if self.messages is not None:
+            body["messages"] = [dict(m) for m in self.messages]
+        elif self.prompt_token_ids is not None:
+            body["prompt"] = list(self.prompt_token_ids)
+        else:
+            body["prompt"] = self.prompt
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if self.stream:
+            body["stream"] = True
+        body.update(self.body)
+        return body
+
+    @property
+    def path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
+
+    def copy_ids(self) -> list[str]:
+        """Ids of the copies: the id itself, or ``id#k`` when repeated."""
+        if self.repeat == 1:
+            return [self.id]
+        return [f"{self.id}#{k}" for k in range(self.repeat)]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeLimits(JsonMixin):
+    """Bounds: startup, each request (from its send), and the stall verdict."""
+
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    stall_s: float = DEFAULT_STALL_S
+
+
+def resolve_model(model: str) -> Path:
+    """A bare name (``scripted``) is a built model in ``.cache/models``; else a folder path."""
+    if "/" not in model and "\\" not in model and not model.startswith("."):
+        return MODELS_DIR / model
+    return Path(model)
+
+
+def config_from_scenario(config: Any, *, model: str | None = None) -> ServerConfig:
+    """A ``ServerConfig`` from a ``parity.scenario.ConfigSpec`` (explicitly set keys only)."""
+    fields_set = set(getattr(config, "model_fields_set", ()))
+    engine_args = {k: getattr(config, k) for k in CONFIG_FLAG_KEYS if k in fields_set}
+    chosen = model or getattr(config, "model", None) or "scripted"
+    served = getattr(config, "served_model_name", None)
+    return ServerConfig(
+        model=chosen,
+        engine_args=engine_args,
+        served_model_name=served,
+        extra_args=tuple(getattr(config, "extra_args", ()) or ()),
+    )
+
+
+def request_from_scenario(request: Any, *, return_token_ids: bool = True) -> ServeRequestSpec:
+    """A ``ServeRequestSpec`` from a ``parity.scenario.RequestSpec``.
+
+    Body fields are the keys the file sets (other than the prompt forms and scheduling keys);
+    ``return_token_ids`` is added (true) unless the file sets it, so token ids can be compared.
+    """
+    fields_set = set(getattr(request, "model_fields_set", ()))
+    body: dict[str, Any] = {}
+    for key in sorted(fields_set - _NON_BODY_KEYS):
+        value = getattr(request, key)
+        body[key] = value.model_dump() if hasattr(value, "model_dump") else value
+    if return_token_ids and "return_token_ids" not in body:
+        body["return_token_ids"] = True
+    messages = getattr(request, "messages", None)
+    endpoint: Endpoint = getattr(request, "endpoint", None) or (
+        "chat" if messages else "completions"
+    )
+    ids = getattr(request, "prompt_token_ids", None)
+    return ServeRequestSpec(
+        id=request.id,
+        endpoint=endpoint,
+        prompt=getattr(request, "prompt", None),
+        prompt_token_ids=tuple(ids) if ids is not None else None,
+        messages=tuple(_message(m) for m in messages) if messages else None,
+        stream=bool(getattr(request, "stream", False)),
+        max_tokens=getattr(request, "max_tokens", None) if "max_tokens" in fields_set else None,
+        body=body,
+        at_ms=float(getattr(request, "at_ms", None) or 0.0),
+        repeat=int(getattr(request, "repeat", 1) or 1),
+        concurrency=getattr(request, "concurrency", None),
+    )
+
+
+def limits_from_scenario(limits: Any) -> ServeLimits:
+    """``ServeLimits`` from a ``parity.scenario.LimitsSpec`` (unset keys take the defaults)."""
+    default = ServeLimits()
+    return ServeLimits(
+        startup_timeout_s=getattr(limits, "startup_timeout_s", None) or default.startup_timeout_s,
+        request_timeout_s=getattr(limits, "request_timeout_s", None) or default.request_timeout_s,
+        stall_s=getattr(limits, "stall_s", None) or default.stall_s,
+    )
+
+
+def from_scenario(
+    scenario: Any, *, model: str | None = None
+) -> tuple[ServerConfig, list[ServeRequestSpec], ServeLimits]:
+    """The serve-tier view of a loaded scenario."""
+    return (
+        config_from_scenario(scenario.config, model=model),
+        [request_from_scenario(r) for r in scenario.requests],
+        limits_from_scenario(scenario.limits),
+    )
+
+
+def _message(message: Any) -> dict[str, Any]:
+    if hasattr(message, "model_dump"):
+        return dict(message.model_dump(exclude_unset=True))
+    if isinstance(message, Mapping):
+        return dict(message)
+    raise TypeError(f"not a chat message: {message!r}")

@@ -1,0 +1,48 @@
+"""Fixtures for the parity harness tests: scenario files, synthetic traces, targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parity_helpers import make_trace
+
+from engine.trace import StepTrace
+
+
+@pytest.fixture
+def trace() -> Callable[..., StepTrace]:
+    return make_trace
+
+
+@pytest.fixture
+def write_yaml(tmp_path: Path) -> Callable[[str, str], Path]:
+    """``write_yaml(name, text)`` -> ``tmp_path/<name>.yaml``."""
+
+    def write(name: str, text: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def engine_target(scripted_model_dir: Path) -> Iterator[Any]:
+    from parity.targets import make_target
+
+    target = make_target(f"engine:{scripted_model_dir}")
+    yield target
+    target.close()
+
+
+@pytest.fixture(scope="session")
+def oracle_target(scripted_model_dir: Path) -> Iterator[Any]:
+    """The in-process upstream scheduler (one vllm import per test session)."""
+    from parity.targets import make_target
+
+    target = make_target(f"oracle:{scripted_model_dir}")
+    yield target
+    target.close()

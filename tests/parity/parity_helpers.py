@@ -1,0 +1,91 @@
+"""Helpers shared by the parity tests (imported by module name; conftest only holds fixtures).
+
+Hypothesis profiles for the differential test (issue 4): ``ci`` (300 examples, the default)
+and ``deep`` (5,000; ``HYPOTHESIS_PROFILE=deep``). They are registered here if no one else has,
+and applied per test (``differential_settings``), never loaded globally.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
+
+from engine.trace import StepTrace
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "scenarios" / "scheduler"
+
+# Examples per profile. Hypothesis ships its own "ci" profile (100 examples), so the count is
+# applied explicitly rather than inherited.
+_PROFILES = {"ci": 300, "deep": 5000}
+for _name, _examples in _PROFILES.items():
+    try:
+        settings.get_profile(_name)
+    except InvalidArgument:
+        settings.register_profile(_name, max_examples=_examples, deadline=None)
+
+
+def differential_settings(**overrides: Any) -> settings:
+    """The profile named by ``HYPOTHESIS_PROFILE`` (default ``ci``), tuned for slow examples."""
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    name = name if name in _PROFILES else "ci"
+    values: dict[str, Any] = {
+        "max_examples": _PROFILES[name],
+        "deadline": None,
+        "database": None,
+        "print_blob": True,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    }
+    values.update(overrides)
+    return settings(settings.get_profile(name), **values)
+
+
+def make_trace(step: int, **fields: Any) -> StepTrace:
+    """A StepTrace with empty defaults; pass only the fields a test cares about."""
+    values: dict[str, Any] = {
+        "step": step,
+        "num_scheduled_tokens": {},
+        "scheduled_new_req_ids": (),
+        "scheduled_resumed_req_ids": (),
+        "scheduled_running_req_ids": (),
+        "preempted_req_ids": (),
+        "finished": {},
+        "stop_reasons": {},
+        "sampled_token_ids": {},
+        "block_ids": {},
+        "num_computed_tokens": {},
+        "running": (),
+        "waiting": (),
+        "num_free_blocks": 0,
+    }
+    values.update(fields)
+    return StepTrace(**values)
+
+
+def run_process(argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
+    """Run ``argv`` in its own process group from the repo root; always reaped (TERM, KILL)."""
+    process = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+    return process.returncode, out, err

@@ -1,0 +1,146 @@
+"""A tiny misbehaving OpenAI-like server for the serve-tier observer tests (stdlib only).
+
+``python fake_server.py --port P [any vLLM flags]`` answers ``/health``, ``/v1/models`` (the
+``--served-model-name`` and ``--max-model-len`` it was given), ``/metrics``
+(``vllm:generation_tokens_total`` and friends) and ``POST /v1/completions``, whose *prompt*
+string picks a behaviour:
+
+- ``ok``: 5 tokens (streamed as SSE when ``stream``), ``finish_reason "length"``;
+- ``stall``: streaming: 3 token frames, then silence (connection kept open);
+- ``hang``: nothing at all (no status line), connection kept open;
+- ``headers-hang``: streaming: 200 and headers, then silence;
+- ``cut``: streaming: 2 token frames, then the connection is closed mid-body;
+- ``generate``: non-streaming: 4 s of "generation" (the token counter moves), then the body;
+- ``drip``: streaming: one token every 0.3 s, forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+COUNTERS = {"generation": 0}
+FLAGS: dict[str, str] = {}
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _frame(index: int, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": f" t{index}", "token_ids": [100 + index]}
+    choice.update(finish_reason=finish, stop_reason=None)
+    return b"data: " + json.dumps({"object": "text_completion", "choices": [choice]}).encode()
+
+
+async def _send_json(writer: asyncio.StreamWriter, status: int, body: object) -> None:
+    data = json.dumps(body).encode()
+    head = f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    writer.write(head.encode() + data)
+    await writer.drain()
+
+
+async def _start_sse(writer: asyncio.StreamWriter) -> None:
+    head = (
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+
+
+async def _token(writer: asyncio.StreamWriter, index: int, finish: str | None = None) -> None:
+    COUNTERS["generation"] += 1
+    writer.write(_chunk(_frame(index, finish) + b"\n\n"))
+    await writer.drain()
+
+
+async def _completions(writer: asyncio.StreamWriter, body: dict) -> None:
+    mode, stream = body.get("prompt"), bool(body.get("stream"))
+    if mode == "hang":
+        await asyncio.sleep(3600)
+    if mode == "generate":
+        for _ in range(20):
+            await asyncio.sleep(0.2)
+            COUNTERS["generation"] += 1
+    if not stream:
+        choice = {"index": 0, "text": " t0 t1", "token_ids": [100, 101], "finish_reason": "length"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+        await _send_json(writer, 200, {"choices": [choice], "usage": usage})
+        return
+    await _start_sse(writer)
+    if mode == "headers-hang":
+        await asyncio.sleep(3600)
+    count = {"ok": 5, "stall": 3, "cut": 2}.get(mode, 10**6)
+    for index in range(count):
+        if mode == "drip":
+            await asyncio.sleep(0.3)
+        await _token(writer, index, "length" if mode == "ok" and index == count - 1 else None)
+    if mode == "stall":
+        await asyncio.sleep(3600)
+    if mode == "cut":
+        writer.transport.abort()
+        return
+    writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+
+
+def _metrics() -> str:
+    lines = [
+        "# TYPE vllm:generation_tokens counter",
+        f'vllm:generation_tokens_total{{engine="0",model_name="fake"}} {COUNTERS["generation"]}.0',
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="fake"} 0.0',
+        "# TYPE vllm:num_requests_waiting gauge",
+        'vllm:num_requests_waiting{engine="0",model_name="fake"} 0.0',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request_line, *header_lines = head.decode().split("\r\n")
+        method, path, _ = request_line.split(" ", 2)
+        headers = dict(h.split(": ", 1) for h in header_lines if ": " in h)
+        length = int(headers.get("content-length") or headers.get("Content-Length") or 0)
+        body = json.loads(await reader.readexactly(length)) if length else {}
+        if path == "/health":
+            await _send_json(writer, 200, {})
+        elif path == "/metrics":
+            data = _metrics().encode()
+            writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
+        elif path == "/v1/models":
+            name = FLAGS.get("--served-model-name", "fake")
+            entry = {"id": name, "max_model_len": int(FLAGS.get("--max-model-len", "0"))}
+            await _send_json(writer, 200, {"object": "list", "data": [entry]})
+        elif method == "POST" and path == "/v1/completions":
+            await _completions(writer, body)
+        else:
+            await _send_json(writer, 404, {"error": {"message": "not found", "code": 404}})
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main(port: int) -> None:
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print(f"fake server on {port} with {FLAGS}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args, rest = parser.parse_known_args()
+    for i, word in enumerate(rest):
+        if word.startswith("--") and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            FLAGS[word] = rest[i + 1]
+    try:
+        asyncio.run(main(args.port))
+    except KeyboardInterrupt:
+        sys.exit(0)
