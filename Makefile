@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-stamp
 CUDA_SIDE_PACKAGES := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: setup lock model test parity lint bench clean
+.PHONY: setup lock model chromium test parity lint bench soak clean
 
 setup: $(STAMP)
 
@@ -42,7 +42,13 @@ $(MODELS)/scripted/model.safetensors: $(STAMP) $(wildcard engine/scripted/*.py)
 $(MODELS)/random/model.safetensors: $(STAMP) $(wildcard engine/scripted/*.py)
 	$(VENV)/bin/parity model build --variant random --out $(MODELS)/random
 
-test: setup model
+# Debian's headless chromium for the report's browser test (tests/parity/report, -m browser).
+# Installed by the project (CI runs as root); a no-op when it is already there.
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
+
+test: setup model chromium
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 parity: setup model
