@@ -54,6 +54,10 @@ test: setup model chromium
 parity: setup model
 	$(VENV)/bin/parity run scenarios/scheduler --tier scheduler
 
+# Engine vs oracle in one run (serve, scheduler tier, harness): reports/bench/<date>/, <= 15 min.
+bench: setup model
+	$(PY) -m parity.bench
+
 lint: setup
 	$(VENV)/bin/ruff check engine oracle parity tests
 	$(VENV)/bin/ruff format --check engine oracle parity tests

@@ -1,0 +1,92 @@
+"""The speed targets the benchmark prints against (issue 8 item 4; issue 5's acceptance).
+
+Each line is pass / fail / not measured in the results table; nothing here is asserted in a
+test (the numbers depend on the machine and its load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TargetLine:
+    """One target: what was measured against which threshold."""
+
+    id: str
+    goal: str  # e.g. "engine startup >= 7x faster than the oracle"
+    measured: float | None
+    shown: str  # the measured value as the table shows it
+    threshold: float
+    higher_is_better: bool
+    passed: bool | None  # None: not measured
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _line(
+    id_: str,
+    goal: str,
+    measured: float | None,
+    threshold: float,
+    *,
+    higher: bool,
+    unit: str,
+    note: str = "",
+) -> TargetLine:
+    passed = None
+    if measured is not None:
+        passed = measured >= threshold if higher else measured <= threshold
+    shown = "not measured" if measured is None else f"{measured:.2f}{unit}"
+    return TargetLine(id_, goal, measured, shown, threshold, higher, passed, note)
+
+
+def _load(serve: dict[str, Any] | None, role: str) -> dict[str, Any] | None:
+    for load in (serve or {}).get("loads", []):
+        if load.get("role") == role:
+            return load  # type: ignore[no-any-return]
+    return None
+
+
+def _tok_ratio(load: dict[str, Any] | None) -> float | None:
+    return None if load is None else load["ratio"].get("output_tok_s")
+
+
+def evaluate(results: dict[str, Any]) -> list[TargetLine]:
+    """Every target line from a results dict (``results.json``'s shape)."""
+    serve = results.get("serve")
+    scheduler = results.get("scheduler") or {}
+    harness = results.get("harness") or {}
+    single, high = _load(serve, "single"), _load(serve, "high")
+    single_name = single["name"] if single else "1x256"
+    high_name = high["name"] if high else "32x128"
+    speedup = (serve or {}).get("startup", {}).get("speedup")
+    ratios = [w["ratio"] for w in scheduler.get("workloads", []) if w.get("ratio") is not None]
+    worst = max(ratios) if ratios else None
+    worst_name = next((w["workload"] for w in scheduler.get("workloads", [])
+                       if w.get("ratio") == worst), "")  # fmt: skip
+    diff = (scheduler.get("differential") or {}).get("examples_per_s")
+    wedge = (harness.get("wedge") or {}).get("verdict_latency_s")
+    suite = (harness.get("default_suite") or {}).get("elapsed_s")
+    suite_min = None if suite is None else suite / 60.0
+    return [
+        _line("startup", "engine startup to /health >= 7x faster than the oracle", speedup,
+              7.0, higher=True, unit="x", note="oracle median / engine median"),
+        _line("single_stream", f"single-stream decode ({single_name}) >= 1.0x oracle tok/s",
+              _tok_ratio(single), 1.0, higher=True, unit="x"),
+        _line("concurrent", f"{high_name} concurrent streams >= 0.5x oracle tok/s",
+              _tok_ratio(high), 0.5, higher=True, unit="x"),
+        _line("concurrent_stretch", f"{high_name} concurrent streams >= 1.0x (stretch)",
+              _tok_ratio(high), 1.0, higher=True, unit="x"),
+        _line("scheduler_step", "scheduler step time <= 1.0x upstream's (worst workload)",
+              worst, 1.0, higher=False, unit="x", note=worst_name),
+        _line("differential", "scheduler-tier differential >= 30 examples/s", diff, 30.0,
+              higher=True, unit="/s"),
+        _line("wedge_verdict", "wedge verdict <= 5 s after the last progress", wedge, 5.0,
+              higher=False, unit=" s", note=(harness.get("wedge") or {}).get("target", "")),
+        _line("default_suite", "default suite (make parity) <= 10 min", suite_min, 10.0,
+              higher=False, unit=" min", note=(harness.get("default_suite") or {}).get("note", "")),
+    ]  # fmt: skip

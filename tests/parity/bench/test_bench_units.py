@@ -1,0 +1,155 @@
+"""The benchmark's pure parts: statistics, load metrics, targets, report files, scenarios."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from parity.bench.differential import random_scenario
+from parity.bench.harness import default_suite
+from parity.bench.loads import Load, load_metrics, load_request, tree_cpu_s, tree_rss
+from parity.bench.report import SCHEMA_KEYS, charts, markdown, update_latest, write_run
+from parity.bench.serve import rep_order
+from parity.bench.stats import median, percentile, ratio
+from parity.bench.targets import evaluate
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [10.0, 20.0, 30.0, 40.0]
+    assert percentile(values, 50) == 25.0
+    assert percentile(values, 0) == 10.0 and percentile(values, 100) == 40.0
+    assert math.isclose(percentile(values, 99) or 0.0, 39.7)
+    assert percentile([], 50) is None and percentile([7.0], 99) == 7.0
+    assert median([3.0, None, 1.0, 2.0]) == 2.0 and median([None]) is None
+    assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None and ratio(3.0, 2.0) == 1.5
+
+
+def test_load_request_is_a_fixed_length_greedy_stream() -> None:
+    body = load_request(Load("8x128", "mid", 8, 128)).request_body("scripted")
+    assert body["max_tokens"] == 128 and body["ignore_eos"] is True
+    assert body["temperature"] == 0.0 and body["stream"] is True
+    spec = load_request(Load("8x128", "mid", 8, 128))
+    assert (spec.repeat, spec.concurrency) == (8, 8)
+
+
+def test_load_metrics_from_frames(make_observation, make_run) -> None:
+    load = Load("2x4", "mid", 2, 4)
+    # stream a: 4 frames of one token; stream b: sent 10 ms later, one frame carries 2 tokens
+    a = make_observation("x#0", [(20.0, 1), (30.0, 1), (40.0, 1), (50.0, 1)])
+    b = make_observation("x#1", [(30.0, 1), (50.0, 2), (60.0, 1)], t_send_ms=10.0)
+    metrics = load_metrics(load, make_run([a, b]), peak_rss=512 * 1024 * 1024, server_cpu_s=0.8)
+    assert metrics.completed == 2 and metrics.output_tokens == 8 and metrics.problems == ()
+    assert metrics.ttft_p50_ms == 25.0  # 20 and 30
+    # ITL per token-carrying frame: a 10,10,10; b 20,10
+    assert metrics.itl_p50_ms == 10.0 and metrics.itl_p99_ms == pytest.approx(19.6)
+    # wall time: first send 0 -> last byte of b at 10 + 60.5 ms
+    assert metrics.duration_s == pytest.approx(0.0705)
+    assert metrics.output_tok_s == pytest.approx(8 / 0.0705, rel=1e-3)
+    assert metrics.peak_rss_mib == 512.0
+    assert metrics.server_cpu_s == 0.8 and metrics.cpu_ms_per_token == 100.0
+
+
+def test_short_or_unfinished_streams_are_problems(make_observation, make_run) -> None:
+    load = Load("2x3", "mid", 2, 3)
+    short = make_observation("x#0", [(20.0, 1), (30.0, 1)])
+    stalled = make_observation("x#1", [(20.0, 3)], outcome="mid_stream_stall", done=False)
+    metrics = load_metrics(load, make_run([short, stalled]), peak_rss=None)
+    assert metrics.completed == 0 and len(metrics.problems) == 2
+    assert metrics.output_tok_s is None and metrics.ttft_p50_ms is None
+    assert "mid_stream_stall" in metrics.problems[1]
+
+
+def test_sides_alternate_which_goes_first() -> None:
+    assert rep_order(0) == ("engine", "oracle") and rep_order(1) == ("oracle", "engine")
+
+
+def test_tree_rss_and_cpu_count_this_process() -> None:
+    assert tree_rss(os.getpid()) > 10 * 1024 * 1024
+    assert tree_rss(2**22 + 12345) == 0 and tree_cpu_s(2**22 + 12345) == 0.0  # no such process
+    assert tree_cpu_s(os.getpid()) > 0.0
+
+
+def test_targets_pass_and_fail_per_line(make_results) -> None:
+    lines = {t.id: t for t in evaluate(make_results())}
+    assert lines["startup"].passed is True and lines["startup"].measured == pytest.approx(10.0)
+    assert lines["single_stream"].passed is True  # 200 / 190
+    assert lines["concurrent"].passed is True and lines["concurrent_stretch"].passed is False
+    assert lines["scheduler_step"].measured == 0.8 and lines["scheduler_step"].passed is True
+    assert lines["differential"].passed is True and lines["wedge_verdict"].passed is True
+    assert lines["default_suite"].passed is None and lines["default_suite"].shown == "not measured"
+    slow = {t.id: t for t in evaluate(make_results(engine_startup=10.0, sched_ratios=(1.2,),
+                                                   examples_per_s=12.0, wedge_s=6.0,
+                                                   suite_s=900.0))}  # fmt: skip
+    assert not any(slow[k].passed for k in ("startup", "scheduler_step", "differential"))
+    assert slow["wedge_verdict"].passed is False and slow["default_suite"].passed is False
+
+
+def test_missing_phases_are_not_measured(make_results) -> None:
+    results = make_results(examples_per_s=None, wedge_s=None)
+    del results["serve"]
+    lines = {t.id: t for t in evaluate(results)}
+    for key in ("startup", "single_stream", "concurrent", "differential", "wedge_verdict"):
+        assert lines[key].passed is None and lines[key].measured is None
+
+
+def test_report_files(tmp_path: Path, make_results) -> None:
+    results = make_results()
+    results["targets"] = [t.to_json() for t in evaluate(results)]
+    run_dir = tmp_path / "bench" / results["run_id"]
+    write_run(run_dir, results)
+    data = json.loads((run_dir / "results.json").read_text())
+    assert set(SCHEMA_KEYS) <= set(data) and data["charts"] == sorted(charts(results))
+    text = (run_dir / "results.md").read_text()
+    assert "| target | measured | result | note |" in text
+    assert "| output tok/s | 1,000 | 1,900 | 0.53x |" in text
+    assert "FAIL" in text and "PASS" in text and "load average" in text.lower()
+    for name in data["charts"]:
+        root = ET.parse(run_dir / name).getroot()
+        assert root.tag.endswith("svg") and root.findall(".//{http://www.w3.org/2000/svg}rect")
+    assert markdown(results).startswith("# Benchmark 2026-01-01_000000")
+
+
+def test_latest_points_at_the_newest_run(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    for run_dir in (first, second):
+        run_dir.mkdir()
+        (run_dir / "results.json").write_text(run_dir.name)
+    update_latest(tmp_path, first)
+    assert (tmp_path / "latest" / "results.json").read_text() == "a"
+    update_latest(tmp_path, second)
+    assert (tmp_path / "latest" / "results.json").read_text() == "b"
+    assert os.readlink(tmp_path / "latest") == "b"  # relative: the folder can move
+
+
+def test_random_scenarios_are_seeded_and_valid() -> None:
+    assert random_scenario(7) == random_scenario(7)
+    scenarios = [random_scenario(seed) for seed in range(50)]
+    assert len({s.model_dump_json() for s in scenarios}) == 50
+    for scenario in scenarios:
+        assert scenario.runs_at_scheduler_tier and 1 <= len(scenario.requests) <= 8
+        assert all(r.max_tokens is not None for r in scenario.requests)
+
+
+def test_default_suite_reads_only_a_whole_run(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("a", "b"):
+        (suite / f"{name}.yaml").write_text("id: x\n")
+    path = tmp_path / "last-run.json"
+    assert default_suite(path, suite)["elapsed_s"] is None
+    path.write_text(json.dumps({"tier": "scheduler", "results": []}))
+    assert "no elapsed_s" in default_suite(path, suite)["note"]
+    partial = {"targets": ["engine", "engine"], "results": [{}, {}], "elapsed_s": 0.01}
+    path.write_text(json.dumps(partial))
+    found = default_suite(path, suite)
+    assert found["elapsed_s"] is None and "not a default-suite run" in found["note"]
+    whole = {"targets": ["engine", "oracle"], "results": [{}, {}], "elapsed_s": 123.456}
+    path.write_text(json.dumps(whole))
+    assert default_suite(path, suite)["elapsed_s"] == 123.46
