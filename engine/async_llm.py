@@ -15,11 +15,17 @@ sleeps on a condition when idle (bounded waits); ``RequestOutput`` objects reach
 loop through ``call_soon_threadsafe``. The event loop never runs model compute. Per-request
 output state: ``engine/entrypoints/output_processor.py``; the checks ``generate`` runs first:
 ``engine/entrypoints/input_processor.py``.
+
+Not upstream: ``debug_state`` / ``adebug_state``, a scheduler-state dump for wedge diagnosis
+(``engine/core/sched/debug.py``) taken on the engine thread between steps, so it never sees a
+half-updated scheduler. ``divergence`` holds the server's divergence profiles
+(``engine/divergence.py``); the launcher reads it for ``sigterm-ignored-while-wedged``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import enum
 import logging
@@ -113,6 +119,7 @@ class AsyncLLM:
         num_gpu_blocks: int,
         stat_loggers: Sequence[StatLogger] = (),
         log_requests: bool = False,
+        divergence: Sequence[str] = (),
     ) -> None:
         """``tokenizer`` is used on the engine thread only (detokenizing, logprob tokens)."""
         self.engine_core = engine_core
@@ -121,6 +128,7 @@ class AsyncLLM:
         self.num_gpu_blocks = num_gpu_blocks
         self.stat_loggers = list(stat_loggers)
         self.log_requests = log_requests
+        self.divergence = tuple(divergence)
         self.scheduler_stats = SchedulerStats()
         self._pending_preemptions = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,6 +140,7 @@ class AsyncLLM:
         self._dead: BaseException | None = None
         self._states: dict[str, RequestState] = {}
         self._collectors: set[RequestOutputCollector] = set()
+        self._dump_waiters: list[concurrent.futures.Future[dict[str, Any]]] = []
         self._thread = threading.Thread(target=self._run, name="EngineCore", daemon=True)
         self._thread.start()
 
@@ -266,6 +275,48 @@ class AsyncLLM:
             self._cond.notify()
         self._thread.join(timeout=timeout + 5.0)
 
+    async def adebug_state(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The scheduler-state dump, taken on the engine thread at its next turn.
+
+        Raises ``TimeoutError`` if the engine thread does not answer within ``timeout`` s (it
+        is inside a long step), ``EngineDeadError`` if it has stopped."""
+        future = self._request_dump()
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+
+    def debug_state(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Blocking form of ``adebug_state`` (never call it on the engine thread)."""
+        return self._request_dump().result(timeout)
+
+    def _request_dump(self) -> concurrent.futures.Future[dict[str, Any]]:
+        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        with self._cond:
+            if self._thread.is_alive() and self._state != _State.STOPPED:
+                self._dump_waiters.append(future)
+                self._cond.notify()
+                return future
+        future.set_exception(EngineDeadError())
+        return future
+
+    def _answer_dumps(self, waiters: list[concurrent.futures.Future[dict[str, Any]]]) -> None:
+        """On the engine thread, between steps."""
+        from engine.core.sched.debug import scheduler_state
+
+        for future in waiters:
+            try:
+                scheduler = getattr(self.engine_core, "scheduler", None)
+                dump: dict[str, Any] = {
+                    "time": time.time(),
+                    "step": getattr(self.engine_core, "step_count", None),
+                    "engine_state": self._state.name,
+                    "divergence": list(self.divergence),
+                    "num_outstanding_requests": len(self._states),
+                    "external_ids": {rid: s.external_id for rid, s in self._states.items()},
+                    "scheduler": scheduler_state(scheduler) if scheduler is not None else None,
+                }
+                future.set_result(dump)
+            except Exception as e:  # a dump must never kill the engine thread
+                future.set_exception(e)
+
     def log_stats(self) -> None:
         for stat_logger in self.stat_loggers:
             stat_logger.log(self.scheduler_stats)
@@ -283,6 +334,9 @@ class AsyncLLM:
             with self._cond:
                 if self._state != _State.STOPPED:
                     self._state = _State.STOPPED
+                waiters, self._dump_waiters = self._dump_waiters, []
+            for future in waiters:
+                future.set_exception(EngineDeadError())
 
     def _turn(self) -> bool:
         """One loop iteration; False when the thread should exit."""
@@ -292,11 +346,14 @@ class AsyncLLM:
                 and not self._pending_adds
                 and not self._pending_aborts
                 and not self._states
+                and not self._dump_waiters
             ):
                 self._cond.wait(timeout=IDLE_WAIT_S)
             adds, self._pending_adds = self._pending_adds, []
             aborts, self._pending_aborts = self._pending_aborts, []
+            dumps, self._dump_waiters = self._dump_waiters, []
             state = self._state
+        self._answer_dumps(dumps)
         delivery: Delivery = []
         for op in adds:
             self._add(op, delivery)
@@ -314,7 +371,7 @@ class AsyncLLM:
             idle = self._step(delivery)
             if idle:  # nothing schedulable (e.g. a request waiting for KV): don't spin hot
                 with self._cond:
-                    if not self._pending_adds and not self._pending_aborts:
+                    if not (self._pending_adds or self._pending_aborts or self._dump_waiters):
                         self._cond.wait(timeout=IDLE_STEP_WAIT_S)
         self._deliver(delivery)
         return True

@@ -64,6 +64,8 @@ class EngineConfig:
     watermark: float = 0.0
     scheduler_reserve_full_isl: bool = True
     seed: int = 0
+    # Deliberate deviations from upstream (engine/divergence.py), e.g. ("abort-unservable",).
+    divergence: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str | Path):
@@ -107,11 +109,22 @@ class EngineConfig:
             raise ConfigError("watermark", f"must be in [0, 1), got {watermark!r}")
         if not _is_int(self.seed):
             raise ConfigError("seed", f"must be an integer, got {self.seed!r}")
+        self._check_divergence()
 
     @staticmethod
     def _check_positive(name: str, value: Any) -> None:
         if not (_is_int(value) and value > 0):
             raise ConfigError(name, f"must be a positive integer, got {value!r}")
+
+    def _check_divergence(self) -> None:
+        from engine.divergence import UnknownDivergenceError, parse_profiles
+
+        if isinstance(self.divergence, str):
+            raise ConfigError("divergence", f"expected a list of names, got {self.divergence!r}")
+        try:
+            self.divergence = parse_profiles(self.divergence)
+        except UnknownDivergenceError as e:
+            raise ConfigError("divergence", str(e)) from None
 
     def _check_max_model_len(self) -> None:
         value = self.max_model_len

@@ -11,6 +11,16 @@ and defaults for the CPU API server: ``block_size`` 128 (``platforms/cpu.py:292-
 Divergences (ledger ``serve-defaults``): ``--host`` defaults to 127.0.0.1 (upstream binds every
 interface); a bad flag prints one line (no usage block) and exits 2; ``--max-request-body-bytes``
 is ours.
+
+Also ours (not upstream):
+- ``--divergence NAME`` (repeatable): switch on a documented deviation from upstream, one of
+  ``engine.divergence.PROFILES`` (legacy-capacity, no-max-tokens-clamp, abort-unservable,
+  sigterm-ignored-while-wedged, reasoning-content-field); an unknown name is one error line,
+  exit 2.
+- ``--[no-]enable-debug-endpoint``: ``GET /debug/scheduler``, the scheduler-state dump (queues,
+  blocks held, why the head waiting request cannot be scheduled). Default: on when ``--host`` is
+  a loopback address (127.0.0.1, ::1, localhost), off otherwise. The route is outside ``/v1``,
+  so ``--api-key`` does not guard it. ``SIGUSR1`` logs the same dump whatever this flag says.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ import json
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
+
+from engine.divergence import argparse_profile
 
 PROG = "python -m engine"
 CPU_DEFAULT_BLOCK_SIZE = 128
@@ -116,6 +128,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default="info",
     )
     p.add_argument("--max-request-body-bytes", type=_non_negative_int, default=16 * 1024 * 1024)
+    p.add_argument(
+        "--divergence",
+        action="append",
+        type=argparse_profile,
+        default=[],
+        metavar="NAME",
+        help="enable a deliberate deviation from upstream (engine/divergence.py); repeatable",
+    )
+    p.add_argument(
+        "--enable-debug-endpoint",
+        action=bool_flag,
+        default=None,
+        help="serve GET /debug/scheduler (default: only when bound to a loopback address)",
+    )
     # Accepted for command-line compatibility; they change nothing here.
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--async-scheduling", action=bool_flag, default=None)
@@ -139,6 +165,16 @@ def resolved_scheduler_args(args: argparse.Namespace, max_model_len: int) -> dic
             True if args.enable_prefix_caching is None else args.enable_prefix_caching
         ),
     }
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def debug_endpoint_enabled(args: argparse.Namespace) -> bool:
+    """``--enable-debug-endpoint``, defaulting to on for loopback binds only."""
+    if args.enable_debug_endpoint is not None:
+        return bool(args.enable_debug_endpoint)
+    return args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

