@@ -58,6 +58,10 @@ parity: setup model
 bench: setup model
 	$(PY) -m parity.bench
 
+# The reliability and differential suites 10x longer (on demand, not in CI).
+soak: setup model
+	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability tests/parity/test_differential.py
+
 lint: setup
 	$(VENV)/bin/ruff check engine oracle parity tests
 	$(VENV)/bin/ruff format --check engine oracle parity tests
