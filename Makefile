@@ -51,8 +51,9 @@ chromium:
 test: setup model chromium
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
+# The default suite, engine vs oracle, both tiers; writes reports/<run-id>/ and reports/latest.
 parity: setup model
-	$(VENV)/bin/parity run scenarios/scheduler --tier scheduler
+	$(VENV)/bin/parity run scenarios/scheduler scenarios/serve --tier both --report reports
 
 # Engine vs oracle in one run (serve, scheduler tier, harness): reports/bench/<date>/, <= 15 min.
 bench: setup model

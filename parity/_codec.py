@@ -72,11 +72,14 @@ def from_json(cls: Any, data: Any) -> Any:
 def _from_union(args: tuple[Any, ...], data: Any) -> Any:
     if data is None and type(None) in args:
         return None
-    for arg in args:
-        if arg is type(None):
-            continue
-        if _accepts(arg, data):
+    candidates = [arg for arg in args if arg is not type(None) and _accepts(arg, data)]
+    for index, arg in enumerate(candidates):
+        if index == len(candidates) - 1:
             return from_json(arg, data)
+        try:  # several dataclasses accept a dict: the first whose fields fit
+            return from_json(arg, data)
+        except (ValueError, TypeError, KeyError):
+            continue
     raise ValueError(f"{data!r} matches none of {args}")
 
 

@@ -4,23 +4,32 @@ Subcommands are thin: they parse flags, call the library, print what pure ``form
 return, and map outcomes to exit codes (0 parity or known, 1 new or stale divergences, 2 bad
 input, 3 a target failed to start when it should have).
 
-    parity run PATHS [--tier scheduler] [--target engine --target oracle] [-k EXPR] [--json FILE]
+    parity run PATHS [--tier both|scheduler|serve] [--target A --target B] [-k EXPR]
+               [--json FILE] [--junit FILE] [--report DIR] [--ledger FILE]
     parity trace SCENARIO --target T [--json]
+    parity ledger [--last RESULTS.json]
+    parity decide DIVERGENCE_REF --diverge|--mirror|--bug --reason TEXT [--link URL]
     parity schema
     parity model build --variant scripted --out DIR
+
+Every ``parity run`` classifies its divergences against the decision ledger
+(``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
+Serve-tier targets: ``engine``, ``oracle``, ``oracle[unchecked]``, ``external:<command with
+{port} and {model}>``, optionally followed by extra server flags (``engine --divergence X``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parity.errors import ParityError
 
@@ -56,54 +65,130 @@ def _select(args: argparse.Namespace) -> list[Scenario]:
     from parity.loader import load_scenarios
 
     scenarios = load_scenarios(args.paths)
-    tiers = (args.tier, "both")
+    tiers = ("scheduler", "serve", "both") if args.tier == "both" else (args.tier, "both")
     selected = [s for s in scenarios if s.tier in tiers]
     if args.keyword:
         selected = [s for s in selected if matches(args.keyword, (s.id, Path(s.file).parent.name))]
     return selected
 
 
+def _tier_split(args: argparse.Namespace, scenarios: list[Scenario]) -> tuple[list, list]:
+    scheduler = [s for s in scenarios if args.tier != "serve" and s.runs_at_scheduler_tier]
+    serve = [s for s in scenarios if args.tier != "scheduler" and s.tier in ("serve", "both")]
+    return scheduler, serve
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from parity.format import (
-        format_details,
-        format_notes,
-        format_result_table,
-        format_summary,
-    )
-    from parity.results import RunReport, Status
-    from parity.runner import run_scenario
+    from parity.format import format_details, format_notes, format_run_table, format_summary
+    from parity.ledger import DEFAULT_LAST, classify, format_findings, load_ledger
+    from parity.results import RunReport
+    from parity.serve.suite import run_serve_scenarios, startup_failed
+    from parity.serve.targets import parse_target
     from parity.targets import make_target
 
     scenarios = _select(args)
     if not scenarios:
-        sys.stderr.write(f"no {args.tier}-tier scenarios selected\n")
+        tier = "" if args.tier == "both" else f"{args.tier}-tier "
+        sys.stderr.write(f"no {tier}scenarios selected\n")
         return EXIT_BAD_INPUT
+    scheduler, serve = _tier_split(args, scenarios)
     specs = args.target or list(DEFAULT_TARGETS)
-    targets = [make_target(spec, args.tier) for spec in specs]
+    targets = [make_target(spec, "scheduler") for spec in specs] if scheduler else []
+    for spec in specs if serve else ():
+        parse_target(spec)  # a bad spec is exit 2 before anything starts
+    ledger = load_ledger(args.ledger, missing_ok=True)
     began = time.perf_counter()
     results = []
-    with _progress(len(scenarios), enabled=not args.no_progress) as mark:
-        for scenario in scenarios:
-            mark(scenario.id)
-            result, _runs = run_scenario(scenario, targets)  # type: ignore[arg-type]
-            results.append(result)
-            mark(None)
+    total = len(scheduler) + len(serve) * len(specs)
+    traces: dict[str, tuple] = {}  # scheduler tier: scenario id -> TargetRuns (step charts)
+    with _progress(total, enabled=not args.no_progress) as mark:
+        results += _run_scheduler(scheduler, targets, mark, traces)
+        if serve:
+            results += run_serve_scenarios(serve, specs, log_dir=args.log_dir, on_event=mark)
     elapsed = time.perf_counter() - began
+    ledger_report = classify(results, ledger, {s.id: s for s in scenarios})
     color = sys.stdout.isatty()
     width = shutil.get_terminal_size((120, 24)).columns if color else 120
-    sys.stdout.write(format_result_table(results, color=color, width=width))
+    failing = [r for r in results if _needs_details(r, ledger_report)]
+    sys.stdout.write(format_run_table(results, ledger_report, color=color, width=width))
     sys.stdout.write(format_notes(results))
-    sys.stdout.write(format_details(results))
+    sys.stdout.write(format_details(failing))
+    sys.stdout.write(format_findings(ledger_report, verbose=args.verbose))
     sys.stdout.write(format_summary(results, elapsed))
-    if args.json:
-        report = RunReport(tier=args.tier, targets=tuple(specs), results=tuple(results))
-        Path(args.json).write_text(report.dumps(), encoding="utf-8")
-    statuses = {result.status for result in results}
-    if statuses & {Status.DIVERGENCE, Status.EXPECT_FAILED}:
-        return EXIT_DIVERGENCE
-    if Status.ERROR in statuses:
+    report = RunReport(
+        tier=args.tier,
+        targets=tuple(specs),
+        results=tuple(results),
+        elapsed_s=round(elapsed, 3),
+        ledger=ledger_report.to_json(),
+    )
+    text = report.dumps()
+    for out in [DEFAULT_LAST, *([args.json] if args.json else [])]:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+    if args.junit:
+        Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.junit).write_text(_junit(report, ledger_report), encoding="utf-8")
+    if args.report:
+        folder = _write_report(report, ledger_report, args.report, traces)
+        sys.stdout.write(f"report: {folder / 'index.html'}\n")
+    return _exit_code(results, ledger_report, startup_failed)
+
+
+def _run_scheduler(
+    scenarios: list, targets: list, mark: Callable[..., None], traces: dict[str, tuple]
+) -> list:
+    from parity.runner import run_scenario
+
+    results = []
+    for scenario in scenarios:
+        label = " vs ".join(t.name for t in targets)
+        mark(scenario.id, label, "running")
+        result, runs = run_scenario(scenario, targets)
+        traces[scenario.id] = runs
+        results.append(result)
+        mark(scenario.id, label, "done")
+    return results
+
+
+def _needs_details(result: object, ledger_report: object) -> bool:
+    from parity.ledger import Verdict
+
+    if getattr(result, "expect_failures", ()) or getattr(result, "status", None) == "error":
+        return True
+    return any(
+        f.scenario_id == result.scenario_id and f.verdict is Verdict.NEW  # type: ignore[attr-defined]
+        for f in ledger_report.findings  # type: ignore[attr-defined]
+    )
+
+
+def _exit_code(results: list, ledger_report: object, startup_failed: Callable) -> int:
+    """3 a target failed to start when it should have; 1 NEW or STALE divergences or an
+    ``expect:`` failure; else 0 (parity, or every divergence KNOWN)."""
+    if any(startup_failed(result) for result in results):
         return EXIT_TARGET_FAILED
+    if ledger_report.exit_code or any(r.expect_failures for r in results):  # type: ignore[attr-defined]
+        return EXIT_DIVERGENCE
     return EXIT_OK
+
+
+def _junit(report: Any, ledger_report: Any) -> str:
+    """JUnit XML of the run (``parity.report``'s rendering, issue 8)."""
+    from parity.report import build_report, render_junit
+
+    return str(render_junit(build_report(report, ledger_report)))
+
+
+def _write_report(
+    report: Any, ledger_report: Any, directory: str, traces: dict[str, tuple]
+) -> Path:
+    """``--report DIR``: ``parity.report.write_report`` (HTML, Markdown, JSON, JUnit in
+    ``DIR/<run-id>/``, ``DIR/latest`` updated)."""
+    from parity.report import write_report
+
+    meta = {"command": " ".join(["parity", *sys.argv[1:]])}
+    folder = write_report(report, ledger_report, directory, scheduler_runs=traces, meta=meta)
+    return Path(folder)
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
@@ -123,15 +208,16 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _progress(total: int, enabled: bool) -> Iterator[Callable[[str | None], None]]:
-    """A rich progress bar on stderr; yields ``mark(scenario_id)`` (``None``: one more done).
-
-    A no-op when disabled or when stderr is not a terminal.
-    """
+def _progress(total: int, enabled: bool) -> Iterator[Callable[[str, str, str], None]]:
+    """A rich live progress display on stderr: the overall bar (done / total, elapsed) and the
+    current scenario, target and phase with its own elapsed time. Yields ``mark(scenario_id,
+    target, phase)``; phase ``done`` advances the bar. A no-op when disabled or when stderr is
+    not a terminal."""
     if not (enabled and sys.stderr.isatty()):
-        yield lambda _scenario_id: None
+        yield lambda _scenario_id, _target, _phase: None
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(
@@ -142,13 +228,16 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str | None], None
         console=Console(stderr=True),
         transient=True,
     )
-    task = progress.add_task("scenarios", total=total)
+    overall = progress.add_task("scenarios", total=total)
+    current = progress.add_task("", total=None)
 
-    def mark(scenario_id: str | None) -> None:
-        if scenario_id is None:
-            progress.advance(task)
-        else:
-            progress.update(task, description=scenario_id)
+    def mark(scenario_id: str, target: str, phase: str) -> None:
+        if phase == "done":
+            progress.advance(overall)
+            return
+        description = escape(f"{scenario_id} [{target}] {phase}")
+        if progress.tasks[current].description != description:
+            progress.reset(current, description=description, total=None)
 
     with progress:
         yield mark
@@ -168,7 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run scenarios on two targets and compare them")
     run.add_argument("paths", nargs="+", help="scenario files or folders")
-    run.add_argument("--tier", choices=["scheduler", "serve"], default="scheduler")
+    run.add_argument(
+        "--tier",
+        choices=["scheduler", "serve", "both"],
+        default="both",
+        help="which tier to run (default both: each scenario at the tiers it declares)",
+    )
     run.add_argument(
         "--target",
         action="append",
@@ -176,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-k", dest="keyword", help="select scenarios by id substring expression")
     run.add_argument("--json", help="write every result as JSON to this file")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--junit", help="write a JUnit XML file (one test case per scenario)")
+    run.add_argument("--report", help="write the HTML/Markdown/JSON/JUnit report to this folder")
+    run.add_argument("--ledger", default="scenarios/ledger.yaml", help="the decision ledger")
+    run.add_argument("--log-dir", help="keep the serve-tier server logs in this folder")
+    run.add_argument("-v", "--verbose", action="store_true", help="also list KNOWN divergences")
+    run.add_argument("--no-progress", action="store_true", help="no progress display")
     run.set_defaults(func=_cmd_run)
 
     trace = sub.add_parser("trace", help="run one scenario on one target, print every step")
@@ -187,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("schema", help="print the scenario JSON Schema")
     schema.set_defaults(func=_cmd_schema)
+    from parity.ledger import add_ledger_commands
+
+    add_ledger_commands(sub)
+    from parity.report import add_report_commands
+
+    add_report_commands(sub)
     return parser
 
 
@@ -195,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # e.g. `parity run ... | head`: the reader left, not a bug
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except ParityError as exc:
         from parity.format import format_error
 

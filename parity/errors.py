@@ -20,7 +20,16 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.file if self.line is None else f"{self.file}:{self.line}"
-        return f"{where}: {self.message}"
+        return f"{where}: {self.message}".translate(_ONE_LINE)
+
+
+# Line breaks and other control characters (a YAML key may hold any) shown escaped, so a
+# problem is always exactly one line.
+_ONE_LINE = {
+    code: repr(chr(code))[1:-1]
+    for code in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)
+    if chr(code) != "\t"
+}
 
 
 class ParityError(Exception):

@@ -55,7 +55,7 @@ def format_result_table(
     table.add_column("verdict", overflow="fold")
     for result in results:
         style = _STATUS_STYLE[result.status]
-        steps = "/".join(str(run.num_steps) for run in result.runs)
+        steps = "/".join(str(getattr(run, "num_steps", "-")) for run in result.runs)
         table.add_row(
             result.scenario_id,
             f"[{style}]{result.status.value}[/{style}]",
@@ -63,6 +63,56 @@ def format_result_table(
             result.verdict,
         )
     return render(table, color=color, width=width)
+
+
+def format_run_table(
+    results: Sequence[ScenarioResult], ledger: Any = None, color: bool = False, width: int = 120
+) -> str:
+    """One row per scenario and tier: id, tier, ledger status (PASS / KNOWN / NEW, or FAILED
+    for an ``expect:`` failure, ERROR when no target could run it), steps of each target
+    (scheduler tier), seconds, the verdict. ``ledger`` is a ``parity.ledger.LedgerReport`` of
+    the same results (optional)."""
+    table = Table(title=None, show_lines=False, expand=False)
+    for name in ("scenario", "tier", "status", "steps", "time"):
+        justify = "right" if name in ("steps", "time") else "left"
+        table.add_column(name, no_wrap=True, justify=justify)  # type: ignore[arg-type]
+    table.add_column("verdict", overflow="fold")
+    for result in results:
+        status = _ledger_status(result, ledger)
+        style = _VERDICT_STYLE.get(status, "yellow")
+        steps = [getattr(run, "num_steps", None) for run in result.runs]
+        table.add_row(
+            result.scenario_id,
+            result.tier,
+            f"[{style}]{status}[/{style}]",
+            "/".join(str(n) for n in steps) if None not in steps else "-",
+            f"{result.elapsed_s:.1f}s",
+            result.verdict,
+        )
+    return render(table, color=color, width=width)
+
+
+_VERDICT_STYLE = {"PASS": "green", "KNOWN": "yellow", "NEW": "red", "FAILED": "red"}
+
+
+def _ledger_status(result: ScenarioResult, ledger: Any) -> str:
+    if result.status is Status.ERROR:
+        return "ERROR"
+    if result.expect_failures:
+        return "FAILED"
+    if ledger is None:
+        return result.status.value.upper()
+    verdicts = {
+        f.verdict.value
+        for f in ledger.findings
+        if f.scenario_id == result.scenario_id
+        and f.file == result.file
+        and (f.divergence is None or f.divergence in result.divergences)
+    }
+    for verdict in ("NEW", "KNOWN", "PASS"):
+        if verdict in verdicts:
+            return verdict
+    return result.status.value.upper()
 
 
 def format_details(results: Sequence[ScenarioResult], limit: int = 20) -> str:
@@ -89,7 +139,7 @@ def format_notes(results: Sequence[ScenarioResult]) -> str:
         f"note: {result.scenario_id}: {run.target}: {_sentences(note, 2)}"
         for result in results
         for run in result.runs
-        for note in run.notes
+        for note in getattr(run, "notes", ())
     ]
     return "\n".join(lines) + ("\n" if lines else "")
 

@@ -362,7 +362,8 @@ def classify(
     for result in results:
         targets = tuple(result.targets)
         for index, entry in enumerate(ledger.entries):
-            if entry.match.in_scope(result.scenario_id, result.file, targets):
+            # a single-target run compares nothing: no entry can be decided (nor go stale)
+            if len(targets) > 1 and entry.match.in_scope(result.scenario_id, result.file, targets):
                 in_scope[index] = True
         for left, right in _pairs(result):
             found = [

@@ -21,7 +21,10 @@ from parity.errors import Problem, ScenarioError
 from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
 
 SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
-SERVE_LIMIT_KEYS = ("startup_timeout_s", "request_timeout_s", "stall_s")
+SERVE_LIMIT_KEYS = (
+    *("startup_timeout_s", "request_timeout_s", "stall_s"),
+    *("latency_tolerance_ms", "logprob_tolerance", "preemptions_tolerance"),
+)
 NOT_SCENARIOS = frozenset({"ledger.yaml"})
 _REQUEST_DEFAULTS = {"min_tokens": 0, "stop_token_ids": [], "priority": 0, "at_step": 0}
 
@@ -226,6 +229,10 @@ def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
         "output_token_ids",
         "num_preemptions",
         "finished_at_step",
+        "status",
+        "error_param",
+        "text",
+        "reasoning",
     ):
         for request_id in getattr(expect, key):
             if request_id not in ids:

@@ -5,15 +5,24 @@ never a new session (on 2-core machines a new session starves vLLM's API server:
 and is reaped with ``os.killpg``: SIGTERM, a grace period, then SIGKILL. ``stop`` records whether
 SIGTERM sufficed and how long the exit took, because a server that survives SIGTERM is a finding
 (mission.md: the port's wedged server outlived SIGTERM by 53 minutes).
+
+Nothing started here outlives the harness: Ctrl-C (SIGINT, ``KeyboardInterrupt``) unwinds
+through the callers' ``with`` blocks, then an ``atexit`` hook reaps whatever is still
+registered and removes the folders given to ``remove_at_exit``. SIGTERM's default action would
+end the interpreter without any of that, so the first ``ManagedProcess`` (when SIGTERM still has
+its default disposition, in the main thread) installs a handler that does the same reaping and
+then dies of SIGTERM as before.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +31,7 @@ from pathlib import Path
 import httpx
 
 _LIVE: set[ManagedProcess] = set()
+_TEMP_DIRS: set[Path] = set()
 
 
 class StartupError(RuntimeError):
@@ -77,6 +87,7 @@ class ManagedProcess:
         )
         self.stop_record: StopRecord | None = None
         _LIVE.add(self)
+        _exit_on_sigterm()
 
     @property
     def pid(self) -> int:
@@ -150,7 +161,33 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def remove_at_exit(path: str | os.PathLike[str]) -> None:
+    """Remove this folder when the interpreter exits or is SIGTERMed (unless forgotten)."""
+    _TEMP_DIRS.add(Path(path))
+
+
+def forget_at_exit(path: str | os.PathLike[str]) -> None:
+    _TEMP_DIRS.discard(Path(path))
+
+
+def _exit_on_sigterm() -> None:
+    """Reap on SIGTERM (main thread, default disposition only), then die of it as before."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _reap_all()
+    os.kill(os.getpid(), signum)
+
+
 @atexit.register
 def _reap_all() -> None:
     for proc in list(_LIVE):
         proc.stop(grace_s=2.0)
+    for folder in list(_TEMP_DIRS):
+        shutil.rmtree(folder, ignore_errors=True)
+        _TEMP_DIRS.discard(folder)

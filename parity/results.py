@@ -6,9 +6,12 @@
 - ``TargetRun``: one target's full run (the traces); ``RunSummary`` the same without traces.
 - ``Divergence``: one difference between two targets, with its dotted path and scenario line.
 - ``ExpectFailure``: one ``expect:`` entry that a target did not meet.
-- ``ScenarioResult``: the verdict for one scenario. ``status`` is ``pass``, ``divergence``,
-  ``expect_failed`` or ``error``; the decision ledger (issue 6) will classify divergences as
-  KNOWN / NEW / STALE on top of this.
+- ``ScenarioResult``: the verdict for one scenario on one tier. ``status`` is ``pass``,
+  ``divergence``, ``expect_failed`` or ``error``; the decision ledger (``parity.ledger``)
+  classifies divergences as KNOWN / NEW / STALE on top of this. Its ``runs`` are
+  ``RunSummary``s at the scheduler tier and ``parity.serve.ServeRun``s (every request
+  observation with its SSE frames and arrival times, startup record, facts, health samples,
+  metrics before/after) at the serve tier; ``tier`` says which.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from engine.trace import StepTrace
 from parity._codec import JsonMixin
+from parity.serve.run import ServeRun
 
 OUTCOMES = ("finished", "wedged", "unfinished", "crashed")
 
@@ -151,11 +155,11 @@ class ScenarioResult(JsonMixin):
 
     scenario_id: str
     file: str
-    tier: str
+    tier: str  # scheduler | serve
     targets: tuple[str, ...]
     status: Status
     verdict: str  # one line, e.g. "parity: both wedged at step 47 ..."
-    runs: tuple[RunSummary, ...]
+    runs: tuple[RunSummary | ServeRun, ...]  # one per target, in target order
     divergences: tuple[Divergence, ...] = ()
     expect_failures: tuple[ExpectFailure, ...] = ()
     elapsed_s: float = 0.0
@@ -169,9 +173,11 @@ class ScenarioResult(JsonMixin):
 class RunReport(JsonMixin):
     """Every scenario result of one ``parity run`` (what ``--json`` writes)."""
 
-    tier: str
+    tier: str  # scheduler | serve | both
     targets: tuple[str, ...]
     results: tuple[ScenarioResult, ...] = field(default_factory=tuple)
+    elapsed_s: float = 0.0
+    ledger: dict[str, Any] | None = None  # LedgerReport.to_json() of this run, when classified
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"

@@ -3,8 +3,12 @@
 A scenario is one YAML file whose ``id`` is its file stem. The core keys (scheduler tier):
 ``id, description, tier, config, requests, limits, expect``. ``config`` uses vLLM's engine-arg
 names (underscored). The serve-tier keys (issue 6: ``endpoint``, ``stream``, sampling fields,
-``at_ms``, ``repeat`` / ``concurrency``, ``reasoning_parser``, ``extra_args``, time limits) are
-accepted and optional here; ``parity.loader`` rejects them in a scheduler-only scenario.
+``at_ms``, ``repeat`` / ``concurrency``, ``model``, ``reasoning_parser``, ``extra_args``, time
+limits, tolerances) are accepted and optional here; ``parity.loader`` rejects them in a
+scheduler-only scenario. Serve-tier ``expect:`` keys (``startup``, ``startup_numbers``,
+``max_model_len``, ``status``, ``error_param``, ``text``, ``reasoning``, ``min_preemptions``,
+plus the shared per-request ``outcome`` / ``finish_reason`` / ``stop_reason`` /
+``num_output_tokens`` / ``output_token_ids``) are checked by ``parity.serve.expect``.
 
 Loading, semantic checks and ``file:line`` error mapping live in ``parity.loader``; this module
 is only the shape. ``parity schema`` prints ``Scenario.model_json_schema()``.
@@ -31,6 +35,18 @@ from parity._yaml import LineMap, Path, line_of
 
 Tier = Literal["scheduler", "serve", "both"]
 Outcome = Literal["finished", "wedged", "unfinished", "crashed"]
+# serve tier: parity.serve.observe.OUTCOMES
+ServeOutcome = Literal[
+    "completed",
+    "http_error",
+    "zero_byte_hang",
+    "mid_stream_stall",
+    "disconnected",
+    "timeout",
+    "startup_refused",
+    "startup_timeout",
+    "crashed",
+]
 FinishReason = Literal["stop", "length", "abort", "error", "repetition"]
 RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$", max_length=64)]
 
@@ -109,6 +125,9 @@ class RequestSpec(_Strict):
     )
     # serve tier
     endpoint: Literal["completions", "chat"] | None = None
+    model: str | None = Field(
+        default=None, description="serve tier: the body's model (default: the served name)"
+    )
     stream: bool = False
     stream_options: dict[str, bool] | None = None
     at_ms: NonNegativeFloat | None = None
@@ -151,6 +170,19 @@ class LimitsSpec(_Strict):
     startup_timeout_s: PositiveFloat | None = None
     request_timeout_s: PositiveFloat | None = None
     stall_s: PositiveFloat | None = None
+    latency_tolerance_ms: PositiveFloat | None = Field(
+        default=None,
+        description="serve tier: compare time to first token and end within this many ms "
+        "(unset: timing is not compared)",
+    )
+    logprob_tolerance: NonNegativeFloat = Field(
+        default=1e-3, description="serve tier: absolute tolerance on logprob values"
+    )
+    preemptions_tolerance: NonNegativeInt = Field(
+        default=0,
+        description="serve tier: allowed difference of the vllm:num_preemptions delta "
+        "(arrival timing over HTTP may change how many preemptions a load causes)",
+    )
 
 
 class StepExpect(_Strict):
@@ -173,7 +205,7 @@ class StepExpect(_Strict):
 class ExpectSpec(_Strict):
     """What every target must show (checked per target, independently of the diff)."""
 
-    outcome: dict[str, Outcome] = Field(default_factory=dict)
+    outcome: dict[str, Outcome | ServeOutcome] = Field(default_factory=dict)
     finish_reason: dict[str, FinishReason] = Field(default_factory=dict)
     stop_reason: dict[str, int | str | None] = Field(default_factory=dict)
     num_output_tokens: dict[str, NonNegativeInt] = Field(default_factory=dict)
@@ -185,6 +217,30 @@ class ExpectSpec(_Strict):
     )
     steps: dict[PositiveInt, StepExpect] = Field(
         default_factory=dict, description="step number (1-based) -> expected StepTrace fields"
+    )
+    # serve tier (parity.serve.expect): per target, independently of the diff
+    startup: Literal["started", "refused"] | None = Field(
+        default=None, description="serve tier: the startup outcome every target must show"
+    )
+    startup_numbers: dict[str, int] = Field(
+        default_factory=dict,
+        description="serve tier: numbers of the startup log, e.g. estimated_max_model_len",
+    )
+    max_model_len: PositiveInt | None = Field(
+        default=None, description="serve tier: /v1/models max_model_len"
+    )
+    status: dict[str, int] = Field(default_factory=dict, description="serve tier: HTTP status")
+    error_param: dict[str, str | None] = Field(
+        default_factory=dict, description="serve tier: error.param of the error body"
+    )
+    text: dict[str, str | None] = Field(
+        default_factory=dict, description="serve tier: completion text or chat content"
+    )
+    reasoning: dict[str, str | None] = Field(
+        default_factory=dict, description="serve tier: chat reasoning (null: none)"
+    )
+    min_preemptions: NonNegativeInt | None = Field(
+        default=None, description="serve tier: at least this many preemptions (metrics delta)"
     )
 
 

@@ -123,6 +123,10 @@ TEXT_FIELDS = frozenset({"content", "text", "reasoning", "reasoning_content"})
 FRAME_SEGMENTS = frozenset({"frames", "events", "chunks"})
 FRAME_STRUCTURE = frozenset({"object", "role", "choices", "usage", "data", "event"})
 FRAME_COUNTS = frozenset({"done", "num_frames", "num_token_frames"})
+_KIND_NAME = re.compile(
+    r"(?:role|delta\*?|finish|usage|error|done|comment|empty|raw)"
+    r"(?:\+(?:role|delta|finish|usage))*"
+)
 _ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 _NO_MEMORY = ("No available memory for the cache blocks", "Cannot auto-fit")
 
@@ -647,6 +651,8 @@ def frame_kind(frame: Any) -> str:
         text = text[5:].strip() if text.startswith("data:") else text
         if text == "[DONE]":
             return "done"
+        if _KIND_NAME.fullmatch(text):  # already a kind (parity.serve.differ's frame lists)
+            return text
         try:
             frame = json.loads(text)
         except ValueError:

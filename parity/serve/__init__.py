@@ -6,6 +6,10 @@ driven over HTTP and observed per request and per target.
 - ``pool``: ``ServerPool`` (one server per distinct config, reused, reaped with a record).
 - ``observe`` / ``monitor`` / ``client``: the observations, the per-target poller, one request.
 - ``run``: ``run_serve`` / ``run_requests`` / ``run_scenario`` -> ``ServeRun``.
+Imported from their modules (they build on ``parity.results``, which imports ``ServeRun``):
+- ``differ``: ``diff_serve_runs`` (two ``ServeRun``s -> ``Divergence``s); ``expect``:
+  ``check_serve_expect``; ``suite``: ``run_serve_scenarios`` (grouped by server config, one
+  server up at a time), ``judge`` (runs -> ``ScenarioResult``), ``startup_failed`` (exit 3).
 """
 
 from parity.serve.observe import OUTCOMES, RequestObservation

@@ -28,7 +28,14 @@ from pathlib import Path
 import psutil
 
 from parity._codec import JsonMixin
-from parity.process import ManagedProcess, StartupError, StopRecord, free_port
+from parity.process import (
+    ManagedProcess,
+    StartupError,
+    StopRecord,
+    forget_at_exit,
+    free_port,
+    remove_at_exit,
+)
 from parity.serve.spec import DEFAULT_STARTUP_TIMEOUT_S, ServerConfig
 from parity.serve.targets import (
     ADDRESS_IN_USE,
@@ -46,6 +53,7 @@ STARTUP_OUTCOMES = ("started", "startup_refused", "startup_timeout")
 PORT_ATTEMPTS = 3
 LOG_TAIL_BYTES = 8000
 GROUP_EXIT_WAIT_S = 10.0
+PORT_TAKEN = "answered /health from another process group"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,8 @@ class ServerPool:
             tempfile.mkdtemp(prefix="parity-serve-") if log_dir is None else log_dir
         )
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self._own_dir:
+            remove_at_exit(self.log_dir)  # even when ``close`` is never reached
         self.grace_s = grace_s
         self._handles: dict[tuple[str, tuple[str, ...]], ServerHandle] = {}
         self.retired: list[ServerHandle] = []  # crashed servers replaced by a new start
@@ -190,12 +200,14 @@ class ServerPool:
         self.closed = True
         if self._own_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+            forget_at_exit(self.log_dir)
         return records
 
     def _start(self, spec: TargetSpec, config: ServerConfig, timeout_s: float) -> ServerHandle:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             handle = self._start_once(spec, config, timeout_s, attempt)
             in_use = any(m in handle.startup.log_tail for m in ADDRESS_IN_USE)
+            in_use = in_use or PORT_TAKEN in (handle.startup.error or "")
             if handle.startup.outcome != "startup_refused" or not in_use:
                 return handle
         return handle
@@ -229,6 +241,21 @@ class ServerPool:
             handle = ServerHandle(spec, config, startup, process)
             handle.stop()  # already stopped: records it and waits for the group to be gone
             return handle
+        if spec.kind != "external" and not listens_in_group(process.pid, port):
+            # free_port() raced with another pool: /health was answered by someone else's
+            # server on this port. Ours never bound it; stop it and let _start retry.
+            process.stop(grace_s=min(self.grace_s, 5.0))
+            startup = StartupRecord(
+                outcome="startup_refused",
+                error=f"port {port} {PORT_TAKEN}",
+                startup_s=round(time.monotonic() - began, 3),
+                returncode=process.proc.returncode,
+                log_tail=process.log_tail(LOG_TAIL_BYTES),
+                **record,  # type: ignore[arg-type]
+            )
+            handle = ServerHandle(spec, config, startup, process)
+            handle.stop()
+            return handle
         startup = StartupRecord(
             outcome="started",
             numbers=startup_numbers(_read(log)),
@@ -236,6 +263,18 @@ class ServerPool:
             **record,  # type: ignore[arg-type]
         )
         return ServerHandle(spec, config, startup, process)
+
+
+def listens_in_group(pgid: int, port: int) -> bool:
+    """A live member of process group ``pgid`` listens on TCP ``port``."""
+    for pid in group_members(pgid):
+        try:
+            connections = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections):
+            return True
+    return False
 
 
 def group_members(pgid: int) -> list[int]:

@@ -67,6 +67,20 @@ class ServeRun(JsonMixin):
     def outcomes(self) -> dict[str, str]:
         return {o.request_id: o.outcome for o in self.observations}
 
+    @property
+    def started(self) -> bool:
+        return self.startup.started
+
+    def describe(self) -> str:
+        """One line: the startup outcome, or how many requests ended how."""
+        if not self.startup.started:
+            return self.startup.describe()
+        counts: dict[str, int] = {}
+        for observation in self.observations:
+            counts[observation.outcome] = counts.get(observation.outcome, 0) + 1
+        parts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        return f"{parts or 'no requests'} in {self.elapsed_s:.1f} s"
+
     def observation(self, request_id: str) -> RequestObservation:
         for observation in self.observations:
             if observation.request_id == request_id:

@@ -14,7 +14,7 @@ the config keys are vLLM's engine-arg names (``vllm/engine/arg_utils.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +48,24 @@ CONFIG_FLAG_KEYS = (
     "dtype",
     "seed",
     "reasoning_parser",
+)
+# Server flags a scenario file may put in ``config.extra_args``: the engine server's flags that
+# neither load code nor read files. Anything else (vLLM's ``--tool-parser-plugin FILE``,
+# ``--trust-remote-code``, ``--middleware``, ``--worker-cls``, ``--chat-template FILE``, ...)
+# would let an untrusted file run code in the oracle's server, so ``from_scenario`` refuses it
+# unless the caller passes ``allow_any_flags=True`` (flags given on the command line, in a
+# ``--target``, are the user's own and are never checked).
+FILE_FLAGS = frozenset(
+    "--" + name
+    for name in (
+        *(k.replace("_", "-") for k in CONFIG_FLAG_KEYS),
+        *("no-enable-prefix-caching", "no-enable-chunked-prefill", "async-scheduling"),
+        *("no-async-scheduling", "enforce-eager", "served-model-name", "api-key"),
+        *("shutdown-timeout", "override-generation-config", "enable-prompt-tokens-details"),
+        *("enable-force-include-usage", "response-role", "default-chat-template-kwargs"),
+        *("disable-log-stats", "enable-log-requests", "disable-uvicorn-access-log"),
+        *("max-request-body-bytes",),
+    )
 )
 # RequestSpec keys that are not body fields (or are handled separately).
 _NON_BODY_KEYS = frozenset(
@@ -201,15 +219,51 @@ def limits_from_scenario(limits: Any) -> ServeLimits:
     )
 
 
+def refused_flags(args: Sequence[str]) -> list[str]:
+    """The words of ``args`` that are flags outside ``FILE_FLAGS`` (``--x=v`` counts as ``--x``;
+    a negative number is a value, not a flag)."""
+    refused = []
+    for word in args:
+        if not word.startswith("-") or _is_number(word):
+            continue
+        if word.split("=", 1)[0] not in FILE_FLAGS:
+            refused.append(word)
+    return refused
+
+
 def from_scenario(
-    scenario: Any, *, model: str | None = None
+    scenario: Any, *, model: str | None = None, allow_any_flags: bool = False
 ) -> tuple[ServerConfig, list[ServeRequestSpec], ServeLimits]:
-    """The serve-tier view of a loaded scenario."""
+    """The serve-tier view of a loaded scenario.
+
+    ``ScenarioError`` (``file:line``) if ``config.extra_args`` names a flag outside
+    ``FILE_FLAGS`` and ``allow_any_flags`` is false: a scenario file never makes a server load
+    code or read a file of its choosing."""
+    refused = refused_flags(getattr(scenario.config, "extra_args", ()) or ())
+    if refused and not allow_any_flags:
+        from parity.errors import ScenarioError
+
+        where = ("config", "extra_args")
+        line = scenario.line_of(where) if hasattr(scenario, "line_of") else None
+        raise ScenarioError.at(
+            getattr(scenario, "file", "<memory>"),
+            line,
+            f"config.extra_args: {refused[0]!r} is not allowed in a scenario file (only server "
+            "flags that neither load code nor read files: parity.serve.spec.FILE_FLAGS)",
+        )
     return (
         config_from_scenario(scenario.config, model=model),
         [request_from_scenario(r) for r in scenario.requests],
         limits_from_scenario(scenario.limits),
     )
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _message(message: Any) -> dict[str, Any]:

@@ -86,6 +86,36 @@ def parse_target(spec: str) -> TargetSpec:
     )
 
 
+FILE_TARGET_FLAGS = frozenset({"--divergence"})  # engine-only, selects a reproduced bug
+
+
+def file_target_problem(spec: str) -> str | None:
+    """Why a target named in a file (not on the command line) must not run by default, or None.
+
+    An ``external:`` target is a command of the file's choosing; ``engine``/``oracle`` flags
+    outside ``parity.serve.spec.FILE_FLAGS`` (and ``--divergence``) could load code (vLLM's
+    ``--tool-parser-plugin FILE``). Both need ``--allow-external-from-file``."""
+    from parity.serve.spec import refused_flags
+
+    target = parse_target(spec)
+    if target.kind == "external":
+        return (
+            f"target {spec!r}: an external: command from a file runs only with "
+            "--allow-external-from-file (or give it with --target)"
+        )
+    refused = [
+        flag
+        for flag in refused_flags(target.extra_flags)
+        if flag.split("=", 1)[0] not in FILE_TARGET_FLAGS
+    ]
+    if refused:
+        return (
+            f"target {spec!r}: flag {refused[0]!r} from a file is refused without "
+            "--allow-external-from-file (or give the target with --target)"
+        )
+    return None
+
+
 def server_flags(config: ServerConfig) -> list[str]:
     """vLLM ``serve`` flags for ``config`` plus the flags that make targets comparable."""
     args = dict(config.engine_args)

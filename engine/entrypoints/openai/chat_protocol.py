@@ -34,6 +34,7 @@ from engine.entrypoints.openai.protocol import (
     DeltaMessage,
     OpenAIBaseModel,
     PerRequestMetrics,
+    ResponseFormat,
     StopParam,
     StreamOptions,
     ThinkingTokenBudget,
@@ -120,7 +121,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     max_completion_tokens: int | None = None
     n: int | None = 1
     presence_penalty: float | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: StopParam = []
     stream: bool | None = False

@@ -88,7 +88,9 @@ def parse_messages(messages: list[Any]) -> list[dict[str, Any]]:
             raise ValueError("Harmony messages are only supported for gpt-oss models")
         msg = dict(message)
         content = msg.get("content")
-        if content is not None and not isinstance(content, str):
+        if content is None:  # absent or null: no parts, joined to "" (upstream :2085-2086)
+            msg["content"] = ""
+        elif not isinstance(content, str):
             content = list(content)
             texts = []
             for part in content:

@@ -25,6 +25,7 @@ from engine.entrypoints.openai.protocol import (
     INT64_MIN,
     OpenAIBaseModel,
     PerRequestMetrics,
+    ResponseFormat,
     StopParam,
     StreamOptions,
     ThinkingTokenBudget,
@@ -79,7 +80,7 @@ class CompletionRequest(OpenAIBaseModel):
     bad_words: list[str] = Field(default_factory=list)
     prompt_embeds: bytes | list[bytes] | None = None
     add_special_tokens: bool = True
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     request_id: str = Field(default_factory=random_uuid)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
 
 from engine.entrypoints.openai.errors import VLLMValidationError
 
-MAX_STOP_STRINGS = 64  # envs.VLLM_MAX_STOP_STRINGS default
+MAX_STOP_STRINGS = 4  # envs.VLLM_MAX_STOP_STRINGS default (vllm/envs.py:1159)
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
@@ -51,13 +51,23 @@ ThinkingTokenBudget: TypeAlias = Annotated[
 
 
 def random_uuid() -> str:
-    return uuid.uuid4().hex
+    """16 hex digits (64 random bits), as ``vllm/utils/__init__.py:11-12`` at the pin, so ids
+    look alike: ``cmpl-9999c5aaee2a0b12``, not 32 digits (seen by tests/reliability)."""
+    return f"{uuid.uuid4().int & ((1 << 64) - 1):016x}"
 
 
 class OpenAIBaseModel(BaseModel):
     """Unknown request fields are accepted and ignored, as upstream."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """``response_format``: only ``type`` is checked here (its values at the pin:
+    ``vllm/entrypoints/generate/base/protocol.py:170-178``); the engine supports "text" only
+    and refuses the others later (``OpenAIServing.reject_unsupported``)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
 
 
 class ModelPermission(OpenAIBaseModel):

@@ -164,7 +164,7 @@ class OpenAIServing:
                     f"`{name}` is not supported by this engine.", parameter=name
                 )
         response_format = getattr(request, "response_format", None)
-        if response_format is not None and response_format.get("type") != "text":
+        if response_format is not None and response_format.type != "text":
             raise VLLMValidationError(
                 "`response_format` is not supported by this engine.", parameter="response_format"
             )

@@ -1,0 +1,500 @@
+"""Compare two targets' serve-tier runs of one scenario: what a client and an operator see.
+
+Every difference becomes a ``Divergence(kind, path, left, right, location=file:line)`` with a
+path that ``parity.signatures`` understands:
+
+- ``startup`` (kind ``startup``): one side started and the other did not (values
+  ``"started"`` / ``"refused: <key log line>"``); when both refused, ``startup.outcome``,
+  ``startup.error_type`` (the exception class) and ``startup.numbers.<name>`` (the
+  estimated maximum model length, the max seq len checked); when both started,
+  ``startup.numbers.auto_fit_max_model_len``.
+- ``facts.max_model_len`` / ``facts.model_id`` (kind ``models``): ``/v1/models``.
+- ``requests.<id>.<field>`` per request copy (``<id>`` is the scenario id, or ``id#k`` for
+  a repeated copy): ``outcome`` (kind ``outcome``; when outcomes differ the rest of that request
+  is a consequence and only ``status`` / ``error.*`` are added), ``status``,
+  ``error.type|param|message|code`` (messages compared exactly: the engine mirrors them),
+  ``headers.content-type``, ``finish_reason``, ``stop_reason``, ``role``, ``text``,
+  ``reasoning``, ``reasoning_key``, ``token_ids``, ``prompt_token_ids``, ``num_choices``,
+  ``usage.<key>`` (nested keys dotted, e.g. ``usage.completion_tokens_details.reasoning_tokens``),
+  ``logprobs.*`` (token and rank order exact, values within ``limits.logprob_tolerance``),
+  ``done`` and ``frames`` (the SSE event sequence: role, delta*, finish, usage, error,
+  done; see ``frame_kinds``) for streams, ``body.<keys>`` / ``frames.<keys>`` for a
+  JSON key present on one side only (or a differing value of a field the other comparisons do
+  not cover), and ``t_first_token_ms`` / ``t_end_ms`` (kind ``timing``) only when the scenario
+  sets ``limits.latency_tolerance_ms``.
+- ``metrics_after.<sample>`` (kind ``metrics``): the change over the scenario of preemptions,
+  prompt and generation tokens, ``request_success`` by finish reason and the
+  ``request_params_max_tokens`` histogram sum and count.
+- ``health.statuses`` / ``health.server_alive_after`` (kind ``health``).
+
+Normalised away (they must not count): ids, ``created``, ``system_fingerprint``, ``null`` versus
+an absent key (upstream serialises chunks with ``exclude_unset``, so explicitly passed ``None``
+fields appear as ``null`` only sometimes: upstream-vllm-spec.md B6.4), SSE chunk boundaries
+(text and token ids are compared concatenated; frames that carry no text, role, finish or usage,
+e.g. a lone ``<think>`` token's ``token_ids``, are left out of the kind sequence), and timing
+unless a tolerance is set. Chunk boundaries move with load: upstream's output collector merges
+the outputs a slow consumer has not read into one delta, and then its deepseek_r1 streaming
+parser keeps the ``<think>`` text of a delta that starts reasoning with more tokens
+(``reasoning/basic_parsers.py:134-148``: ``"<think> g h i j"``) where a one-token delta gives
+no text (``:108-112``). So with a reasoning parser, ``<think>`` is removed from streamed
+reasoning before comparing (non-streaming reasoning is compared as is).
+
+Upstream shapes compared: ``vllm/entrypoints/openai/completion/protocol.py`` and
+``chat_completion/protocol.py`` (bodies and chunks), ``entrypoints/serve/exception_handling/
+error_response.py`` (error bodies), ``v1/metrics/loggers.py`` (metric names), pin 0.32.0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from parity.results import Divergence
+from parity.scenario import Scenario
+from parity.serve.observe import RequestObservation
+from parity.serve.pool import StartupRecord
+from parity.serve.run import ServeRun
+from parity.signatures import frame_kind
+
+IGNORED_KEYS = frozenset({"id", "created", "system_fingerprint"})
+# Response keys compared by the parsed comparisons (not by the key-shape walk).
+COVERED_KEYS = frozenset(
+    {"text", "content", "reasoning", "reasoning_content", "finish_reason", "stop_reason"}
+    | {"token_ids", "prompt_token_ids", "logprobs", "usage", "error"}
+)
+RESULT_FIELDS = (
+    *("finish_reason", "stop_reason", "role", "text", "reasoning", "reasoning_key"),
+    *("token_ids", "prompt_token_ids", "num_choices"),
+)
+# Frame fields whose values are compared (all others: presence only; values vary per frame).
+FRAME_VALUE_KEYS = frozenset({"object", "model", "index", "role"})
+METRIC_PREFIXES = (
+    "vllm:num_preemptions_total",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:request_success_total",
+    "vllm:request_params_max_tokens_sum",
+    "vllm:request_params_max_tokens_count",
+)
+PREEMPTIONS = "vllm:num_preemptions_total"
+# Startup-log numbers compared (the others, e.g. num_gpu_blocks_override, echo the flags).
+STARTUP_NUMBERS = ("estimated_max_model_len", "max_seq_len", "auto_fit_max_model_len")
+ERROR_KEYS = ("type", "param", "message", "code")
+THINK_START = "<think>"
+ABSENT = "<absent>"
+
+
+class _Out:
+    """Collects the divergences of one pair of runs, with scenario locations."""
+
+    def __init__(self, scenario: Scenario, left: ServeRun, right: ServeRun) -> None:
+        self.scenario = scenario
+        self.left_target = left.target
+        self.right_target = right.target
+        self.found: list[Divergence] = []
+
+    def add(
+        self, kind: str, path: str, left: Any, right: Any, *, spec_id: str | None = None
+    ) -> None:
+        if spec_id is not None:
+            location = self.scenario.request_location(spec_id)
+        elif path.startswith("startup"):
+            location = self.scenario.location(("config",))
+        else:
+            location = self.scenario.location()
+        self.found.append(
+            Divergence(
+                kind=kind,
+                path=path,
+                left=_plain(left),
+                right=_plain(right),
+                step=None,
+                location=location,
+                left_target=self.left_target,
+                right_target=self.right_target,
+            )
+        )
+
+
+def diff_serve_runs(scenario: Scenario, left: ServeRun, right: ServeRun) -> tuple[Divergence, ...]:
+    """Every difference between two serve-tier runs of ``scenario`` (empty: parity)."""
+    out = _Out(scenario, left, right)
+    if not _diff_startup(out, left.startup, right.startup):
+        return tuple(out.found)
+    a, b = left.facts, right.facts
+    for name in ("max_model_len", "model_id"):
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        if x != y:
+            out.add("models", f"facts.{name}", x, y)
+    for rid, x_obs, y_obs in _pairs(left.observations, right.observations):
+        _diff_request(out, scenario, rid, x_obs, y_obs)
+    _diff_metrics(out, scenario, left, right)
+    _diff_health(out, left, right)
+    return tuple(out.found)
+
+
+# -- startup ------------------------------------------------------------------------------
+def startup_value(record: StartupRecord) -> str:
+    """``started``, or ``refused: <key line>`` (``startup_timeout: ...`` when it hung)."""
+    if record.started:
+        return "started"
+    word = "refused" if record.outcome == "startup_refused" else record.outcome
+    return f"{word}: {record.error}"
+
+
+def _diff_startup(out: _Out, a: StartupRecord, b: StartupRecord) -> bool:
+    """Compare startups; True when both started (the rest is comparable)."""
+    if a.started != b.started:
+        out.add("startup", "startup", startup_value(a), startup_value(b))
+        return False
+    if not a.started:
+        if a.outcome != b.outcome:
+            out.add("startup", "startup.outcome", a.outcome, b.outcome)
+        x, y = _error_type(a.error), _error_type(b.error)
+        if x != y:
+            out.add("startup", "startup.error_type", x, y)
+    for key in STARTUP_NUMBERS:
+        if a.numbers.get(key) != b.numbers.get(key):
+            out.add("startup", f"startup.numbers.{key}", a.numbers.get(key), b.numbers.get(key))
+    return a.started
+
+
+def _error_type(error: str | None) -> str | None:
+    if not error:
+        return None
+    head = error.split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() else error
+
+
+# -- requests -----------------------------------------------------------------------------
+def _pairs(
+    left: Iterable[RequestObservation], right: Iterable[RequestObservation]
+) -> Iterator[tuple[str, RequestObservation | None, RequestObservation | None]]:
+    by_left = {o.request_id: o for o in left}
+    by_right = {o.request_id: o for o in right}
+    for rid in _union(by_left, by_right):
+        yield rid, by_left.get(rid), by_right.get(rid)
+
+
+def _diff_request(
+    out: _Out,
+    scenario: Scenario,
+    rid: str,
+    a: RequestObservation | None,
+    b: RequestObservation | None,
+) -> None:
+    spec_id = (a or b).spec_id  # type: ignore[union-attr]
+    p = f"requests.{rid}"
+
+    def add(kind: str, suffix: str, x: Any, y: Any) -> None:
+        out.add(kind, f"{p}.{suffix}", x, y, spec_id=spec_id)
+
+    if a is None or b is None:
+        add("outcome", "outcome", a.outcome if a else None, b.outcome if b else None)
+        return
+    if a.outcome != b.outcome:
+        add("outcome", "outcome", a.outcome, b.outcome)
+        if "http_error" in (a.outcome, b.outcome):
+            if a.status != b.status:
+                add("response", "status", a.status, b.status)
+            _diff_error(add, a, b)
+        return
+    if a.status != b.status:
+        add("response", "status", a.status, b.status)
+    _diff_error(add, a, b)
+    x_type, y_type = a.headers.get("content-type"), b.headers.get("content-type")
+    if x_type != y_type:
+        add("response", "headers.content-type", x_type, y_type)
+    markers = scenario.config.reasoning_parser is not None
+    for name in RESULT_FIELDS:
+        x, y = _field(a, name, markers), _field(b, name, markers)
+        if x != y:
+            add("response", name, x, y)
+    x_usage, y_usage = _flat(a.result.usage or {}), _flat(b.result.usage or {})
+    for key in _union(x_usage, y_usage):
+        if x_usage.get(key) != y_usage.get(key):
+            add("response", f"usage.{key}", x_usage.get(key, ABSENT), y_usage.get(key, ABSENT))
+    tolerance = scenario.limits.logprob_tolerance
+    for suffix, x, y in diff_logprobs(logprobs_of(a), logprobs_of(b), tolerance):
+        add("response", "logprobs" + ("" if suffix.startswith("[") else ".") + suffix, x, y)
+    if a.stream or b.stream:
+        _diff_stream(add, a, b)
+    else:
+        _diff_shape(add, "body", _body_json(a), _body_json(b))
+    _diff_timing(add, scenario, a, b)
+
+
+def _field(observation: RequestObservation, name: str, markers: bool) -> Any:
+    """A result field; streamed reasoning without the ``<think>`` marker text (see below)."""
+    value = getattr(observation.result, name)
+    if markers and observation.stream and name == "reasoning" and isinstance(value, str):
+        return value.replace(THINK_START, "")
+    return value
+
+
+def _diff_error(add: Any, a: RequestObservation, b: RequestObservation) -> None:
+    x, y = a.result.error or {}, b.result.error or {}
+    if not x and not y:
+        return
+    if bool(x) != bool(y):
+        add("response", "error", x or None, y or None)
+        return
+    for key in _union({k: 1 for k in ERROR_KEYS if k in x}, {k: 1 for k in ERROR_KEYS if k in y}):
+        if x.get(key) != y.get(key):
+            add("response", f"error.{key}", x.get(key, ABSENT), y.get(key, ABSENT))
+
+
+def _diff_stream(add: Any, a: RequestObservation, b: RequestObservation) -> None:
+    if a.done != b.done:
+        add("frames", "done", a.done, b.done)
+    x, y = frame_kinds(a), frame_kinds(b)
+    if x != y:
+        add("frames", "frames", list(x), list(y))
+    _diff_shape(add, "frames", _frame_payloads(a), _frame_payloads(b), values=FRAME_VALUE_KEYS)
+
+
+def frame_kinds(observation: RequestObservation) -> tuple[str, ...]:
+    """The event sequence of a stream, independent of chunk boundaries: each frame's kind
+    split into its parts (``delta+finish`` is a delta, then a finish), frames with no text,
+    role, finish or usage dropped, and every run of deltas written ``delta*``. What counts is
+    the order of role, deltas, finish, usage, error and ``[DONE]``."""
+    parts: list[str] = []
+    for frame in observation.frames:
+        if frame.done:
+            parts.append("done")
+        elif frame.data is None:
+            parts.append("comment")
+        else:
+            payload = frame.payload()
+            kind = frame_kind(payload if payload is not None else {"raw": frame.data})
+            parts.extend(part for part in kind.split("+") if part != "empty")
+    events: list[str] = []
+    for part in parts:
+        if part == "delta":
+            if events and events[-1] == "delta*":
+                continue
+            part = "delta*"
+        events.append(part)
+    return tuple(events)
+
+
+def _frame_payloads(observation: RequestObservation) -> list[Any]:
+    return [p for p in (f.payload() for f in observation.frames) if p is not None]
+
+
+def _body_json(observation: RequestObservation) -> Any:
+    if observation.body is None:
+        return None
+    try:
+        return json.loads(observation.body)
+    except ValueError:
+        return None
+
+
+def _diff_shape(
+    add: Any, prefix: str, x: Any, y: Any, *, values: frozenset[str] | None = None
+) -> None:
+    """Keys present on one side only, and values of uncovered scalar fields that differ."""
+    xs, ys = key_shape(x, values), key_shape(y, values)
+    for key in _union(xs, ys):
+        if xs.get(key) != ys.get(key):
+            add("response" if prefix == "body" else "frames", f"{prefix}.{key}",
+                xs.get(key, ABSENT), ys.get(key, ABSENT))  # fmt: skip
+
+
+def key_shape(data: Any, values: frozenset[str] | None = None) -> dict[str, Any]:
+    """``{dotted key path: value}`` of a JSON document: list indices collapsed to ``[]``,
+    ``null`` dropped (null and absent are the same), ignored keys (ids, created, fingerprint)
+    dropped, covered keys (text, usage, logprobs, ...) kept as ``<present>`` only. Scalar
+    values are kept (as a sorted list of the values seen under that path) when ``values`` is
+    None or the key is in ``values``; otherwise ``<present>``."""
+    found: dict[str, set[str]] = {}
+    _walk(data, "", found, values)
+    return {key: sorted(seen) if seen else "<present>" for key, seen in found.items()}
+
+
+def _walk(node: Any, path: str, found: dict[str, set[str]], values: frozenset[str] | None) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if value is None or key in IGNORED_KEYS:
+                continue
+            child = f"{path}.{key}" if path else str(key)
+            if key in COVERED_KEYS:
+                found.setdefault(child, set())
+                continue
+            _walk(value, child, found, values)
+            if isinstance(value, dict | list):
+                continue
+            seen = found.setdefault(child, set())
+            if values is None or key in values:
+                seen.add(json.dumps(value))
+    elif isinstance(node, list):
+        for item in node:
+            _walk(item, f"{path}[]", found, values)
+
+
+# -- logprobs -----------------------------------------------------------------------------
+def logprobs_of(observation: RequestObservation) -> list[dict[str, Any]] | None:
+    """Choice 0's logprobs as ``[{token, logprob, top: [[token, logprob], ...]}]`` (None: not
+    returned), from the body or accumulated over the stream's frames; completions'
+    (``tokens``/``token_logprobs``/``top_logprobs``) and chat's (``content``) shapes alike."""
+    if observation.stream:
+        choices = [_choice0(p) for p in _frame_payloads(observation)]
+    else:
+        body = _body_json(observation)
+        choices = [_choice0(body)] if isinstance(body, dict) else []
+    entries: list[dict[str, Any]] | None = None
+    for choice in choices:
+        block = choice.get("logprobs") if choice else None
+        if not isinstance(block, dict):
+            continue
+        entries = (entries or []) + _entries(block)
+    return entries
+
+
+def _choice0(payload: Any) -> dict[str, Any] | None:
+    if not isinstance(payload, dict):
+        return None
+    for choice in payload.get("choices") or ():
+        if isinstance(choice, dict) and int(choice.get("index", 0)) == 0:
+            return choice
+    return None
+
+
+def _entries(block: dict[str, Any]) -> list[dict[str, Any]]:
+    if isinstance(block.get("content"), list):  # chat
+        return [
+            {
+                "token": item.get("token"),
+                "logprob": item.get("logprob"),
+                "top": [[t.get("token"), t.get("logprob")] for t in item.get("top_logprobs") or ()],
+            }
+            for item in block["content"]
+        ]
+    tokens = block.get("tokens") or []
+    values = block.get("token_logprobs") or [None] * len(tokens)
+    tops = block.get("top_logprobs") or [None] * len(tokens)
+    offsets = block.get("text_offset") or [None] * len(tokens)
+    return [
+        {"token": t, "logprob": v, "top": [[k, w] for k, w in (top or {}).items()], "offset": o}
+        for t, v, top, o in zip(tokens, values, tops, offsets, strict=False)
+    ]
+
+
+def diff_logprobs(
+    x: list[dict[str, Any]] | None, y: list[dict[str, Any]] | None, tolerance: float
+) -> list[tuple[str, Any, Any]]:
+    """``(path suffix, left, right)`` for logprobs that differ: presence, length, then the first
+    position whose token, text offset, top-token order (ranks, exact) or values (beyond
+    ``tolerance``) differ."""
+    if x is None or y is None:
+        return [] if x is y else [("present", x is not None, y is not None)]
+    found: list[tuple[str, Any, Any]] = []
+    if len(x) != len(y):
+        found.append(("length", len(x), len(y)))
+    for index, (a, b) in enumerate(zip(x, y, strict=False)):
+        here = f"[{index}]"
+        if a.get("token") != b.get("token"):
+            found.append((f"{here}.token", a.get("token"), b.get("token")))
+        if a.get("offset") != b.get("offset"):
+            found.append((f"{here}.text_offset", a.get("offset"), b.get("offset")))
+        if not _close(a.get("logprob"), b.get("logprob"), tolerance):
+            found.append((f"{here}.logprob", a.get("logprob"), b.get("logprob")))
+        ranks_a, ranks_b = [t for t, _ in a["top"]], [t for t, _ in b["top"]]
+        if ranks_a != ranks_b:
+            found.append((f"{here}.top_logprobs.ranks", ranks_a, ranks_b))
+        elif not all(
+            _close(p, q, tolerance) for (_, p), (_, q) in zip(a["top"], b["top"], strict=True)
+        ):
+            found.append((f"{here}.top_logprobs.values", a["top"], b["top"]))
+        if len(found) > 1 or (found and not found[0][0] == "length"):
+            break  # the first differing position is the finding; later ones follow from it
+    return found
+
+
+def _close(a: Any, b: Any, tolerance: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if math.isinf(a) or math.isinf(b):
+            return a == b
+        return abs(a - b) <= tolerance
+    return bool(a == b)
+
+
+# -- timing, metrics, health --------------------------------------------------------------
+def _diff_timing(
+    add: Any, scenario: Scenario, a: RequestObservation, b: RequestObservation
+) -> None:
+    tolerance = scenario.limits.latency_tolerance_ms
+    if tolerance is None:
+        return
+    for name in ("t_first_token_ms", "t_end_ms"):
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None and y is not None and abs(x - y) > tolerance:
+            add("timing", name, x, y)
+
+
+def metric_deltas(run: ServeRun) -> dict[str, float] | None:
+    """The change of the compared metrics over the run (None: no snapshots)."""
+    before, after = run.metrics_before, run.metrics_after
+    if before is None or after is None or before.error or after.error:
+        return None
+    found: dict[str, float] = {}
+    for key, value in after.samples.items():
+        if key.startswith(METRIC_PREFIXES):
+            delta = value - before.samples.get(key, 0.0)
+            found[key] = int(delta) if float(delta).is_integer() else round(delta, 6)
+    return found
+
+
+def _diff_metrics(out: _Out, scenario: Scenario, left: ServeRun, right: ServeRun) -> None:
+    x, y = metric_deltas(left), metric_deltas(right)
+    if x is None or y is None:
+        return
+    for key in _union(x, y):
+        a, b = x.get(key, 0), y.get(key, 0)
+        slack = scenario.limits.preemptions_tolerance if key.startswith(PREEMPTIONS) else 0
+        if abs(a - b) > slack:
+            out.add("metrics", f"metrics_after.{key}", a, b)
+
+
+def _diff_health(out: _Out, left: ServeRun, right: ServeRun) -> None:
+    # statuses answered (a sample without an answer is load on this machine, not a finding;
+    # a dead server shows in server_alive_after and the request outcomes)
+    x = sorted({h.status for h in left.health if h.status is not None})
+    y = sorted({h.status for h in right.health if h.status is not None})
+    if x != y:
+        out.add("health", "health.statuses", x, y)
+    if left.server_alive_after != right.server_alive_after:
+        out.add("health", "health.server_alive_after", left.server_alive_after,
+                right.server_alive_after)  # fmt: skip
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _union(a: Iterable[str], b: Iterable[str]) -> list[str]:
+    keys = list(a)
+    return keys + [key for key in b if key not in keys]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if value is None:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flat(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
