@@ -1,0 +1,311 @@
+"""Differential bad-input suite (issue 9, item 2): our engine server against the pinned oracle.
+
+Both servers serve the scripted model with the same flags (``--block-size 32 --max-model-len
+128 --served-model-name scripted --enforce-eager --no-async-scheduling --dtype float32``), one
+each for the module. A deterministic list of >= 200 invalid or edge requests (bad max_tokens,
+unknown fields, wrong types, empty prompts and messages, unknown roles, prompts too long as text
+and as ids, bad logprobs / top_logprobs / stop / n / model / sampling values, stream_options
+without stream, malformed bodies, ...) goes to both, a few at a time; each answer is reduced to
+(status, error.type, error.param) and must equal the oracle's, unless ``KNOWN_DIFFERENCES``
+names the case with the reason. The counts are printed.
+
+Upstream at the pin: ``vllm/entrypoints/openai/completion/protocol.py``,
+``chat_completion/protocol.py``, ``vllm/sampling_params.py`` (``_verify_args``),
+``vllm/renderers/params.py`` and ``serve/exception_handling/error_response.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from parity.serve import ServerConfig, ServerHandle, ServerPool
+from parity.serve.pool import group_members
+
+pytestmark = [pytest.mark.oracle, pytest.mark.server]
+
+MAX_MODEL_LEN = 128
+STARTUP_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 60.0
+WORKERS = 4
+MIN_CASES = 200
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+# case name -> why our answer may differ from the oracle's (a ledger in miniature).
+_LOGIT_BIAS = (
+    "logit_bias is not implemented by the engine: it refuses it (400, param logit_bias, "
+    "serving_engine.UNSUPPORTED_FIELDS) where the pin applies it (200)"
+)
+_NULL_MESSAGES = (
+    "the pin lets messages=null through validation and fails later on iterating it (400 "
+    "BadRequestError, param null, \"'NoneType' object is not iterable\"); the engine refuses it "
+    "at validation (400 'Bad Request', param body.messages): same status, clearer error"
+)
+KNOWN_DIFFERENCES: dict[str, str] = {
+    **{
+        f'{endpoint}:logit_bias={{"65": 200}}{stream}': _LOGIT_BIAS
+        for endpoint in ("completions", "chat")
+        for stream in ("", "-stream")
+    },
+    "chat:messages=null": _NULL_MESSAGES,
+    "chat:messages=null-stream": _NULL_MESSAGES,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: str
+    body: Any  # a JSON value, or raw bytes sent as they are
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    type: str | None
+    param: str | None
+    detail: str  # the message (or the start of the body), for the mismatch report
+
+    @property
+    def key(self) -> tuple[int, str | None, str | None]:
+        return (self.status, self.type, self.param)
+
+
+def _completion(**fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "scripted", "prompt": [389, 65], "max_tokens": 2}
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not _DROP}
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }
+    body.update(fields)
+    return {k: v for k, v in body.items() if v is not _DROP}
+
+
+_DROP = object()  # a field value meaning "leave the key out"
+
+# (field, values) applied to both endpoints (each case also sent with stream: true).
+SHARED_FIELDS: list[tuple[str, list[Any]]] = [
+    ("max_tokens", [-1, 0, 1, MAX_MODEL_LEN, MAX_MODEL_LEN + 1, 10**9, 2**63, 1.5, "5", None]),
+    ("temperature", [-1, -0.001, 0.0, 2.5, 1e10, "hot", None]),
+    ("top_p", [0, -0.1, 1.0, 1.1, "x"]),
+    ("top_k", [-2, -1, 0, 1, 1.5, 10**6]),
+    ("min_p", [-0.1, 0.5, 1.1]),
+    ("presence_penalty", [-2.5, 2.5, "x"]),
+    ("frequency_penalty", [-2.5, 2.5]),
+    ("repetition_penalty", [0, -1, 3.0]),
+    ("seed", ["s", 1.5, 2**64, -1]),
+    ("stop", [5, [1, 2], [""], "", ["a"] * 5, None]),
+    ("stop_token_ids", [[-1], "x", [390]]),
+    ("n", [0, -1, 2, "2"]),
+    ("model", ["nope", "", None, 5, "../../etc/passwd"]),
+    ("min_tokens", [-1, 5, 3.5]),
+    ("ignore_eos", ["x", True]),
+    ("stream_options", [{"include_usage": True}, 5, {"include_usage": "x"}]),
+    ("logit_bias", [{"abc": 1}, {"65": 200}, "x"]),
+    ("prompt_logprobs", [-1, 21, 1]),
+    ("truncate_prompt_tokens", [-2, 0, 5, MAX_MODEL_LEN + 1]),
+    ("unknown_field", [1]),
+    ("user", [5]),
+    ("skip_special_tokens", [5]),
+    ("response_format", [{"type": "bogus"}, {"type": "text"}]),
+]
+COMPLETION_FIELDS: list[tuple[str, list[Any]]] = [
+    ("prompt", ["", [], [[]], [""], ["a", "b"], None, _DROP, 5, [-1], [10**6], [1.5]]),
+    ("prompt", ["hello " * 200, [65] * (MAX_MODEL_LEN + 1), [65] * MAX_MODEL_LEN]),
+    ("prompt", [[65] * (MAX_MODEL_LEN - 1), [[389, 65], [389, 66]]]),
+    ("logprobs", [-1, 0, 5, 21, 100, "x", True]),
+    ("echo", ["x", True]),
+    ("suffix", ["x"]),
+    ("best_of", [2, 0]),
+    ("max_completion_tokens", [5]),
+    ("top_logprobs", [2]),
+]
+CHAT_FIELDS: list[tuple[str, list[Any]]] = [
+    ("messages", [[], None, _DROP, "hi", [{"role": "alien", "content": "x"}]]),
+    ("messages", [[{"content": "x"}], [{"role": "user"}], [{"role": "user", "content": 5}]]),
+    ("messages", [[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]]),
+    ("messages", [[{"role": "user", "content": [{"type": "bogus"}]}]]),
+    ("messages", [[{"role": "user", "content": "hello " * 200}], [{"role": "system"}]]),
+    ("messages", [[{"role": "assistant", "content": "x"}], [5]]),
+    ("max_completion_tokens", [-1, 0, MAX_MODEL_LEN + 1, "x", 4]),
+    ("logprobs", [True, False, 1, "x"]),
+    ("top_logprobs", [-1, 0, 5, 21, 100, "x"]),
+    ("echo", [True]),
+    ("tools", [5, [{"type": "function"}]]),
+    ("tool_choice", ["bogus", "required"]),
+    ("add_generation_prompt", ["x"]),
+    ("chat_template_kwargs", [5, {"enable_thinking": False}]),
+]
+COMBOS: list[tuple[str, str, dict[str, Any]]] = [
+    ("completions", "top_logprobs-without-logprobs", {"top_logprobs": 3}),
+    ("chat", "top_logprobs-without-logprobs", {"top_logprobs": 3, "logprobs": False}),
+    ("chat", "logprobs-with-top_logprobs-21", {"logprobs": True, "top_logprobs": 21}),
+    ("chat", "both-max-tokens", {"max_tokens": 3, "max_completion_tokens": MAX_MODEL_LEN + 1}),
+    ("completions", "min_tokens-over-max", {"min_tokens": 5, "max_tokens": 2}),
+    ("chat", "min_tokens-over-max", {"min_tokens": 5, "max_tokens": 2}),
+    ("completions", "prompt-fills-context", {"prompt": [65] * 127, "max_tokens": 5}),
+    ("completions", "echo-max-tokens-0", {"echo": True, "max_tokens": 0}),
+    ("completions", "stream-false-options", {"stream": False, "stream_options": {}}),
+    ("chat", "stream-false-options", {"stream": False, "stream_options": {}}),
+]
+RAW_BODIES: list[tuple[str, bytes]] = [
+    ("not-json", b"{not json"),
+    ("empty-body", b""),
+    ("json-list", b"[1, 2]"),
+    ("json-null", b"null"),
+    ("json-string", b'"prompt"'),
+    (
+        "nan-temperature",
+        b'{"model": "scripted", "prompt": "x", "max_tokens": 2, "temperature": NaN}',
+    ),
+    ("utf8-junk", b'{"model": "scripted", "prompt": "\xff\xfe", "max_tokens": 2}'),
+]
+
+
+def _label(value: Any) -> str:
+    if value is _DROP:
+        return "absent"
+    text = json.dumps(value)
+    return text if len(text) <= 24 else f"{text[:16]}..len{len(text)}"
+
+
+def build_cases() -> list[Case]:
+    """Every case, deterministic and uniquely named."""
+    cases: list[Case] = []
+    groups = [
+        ("completions", COMPLETIONS, _completion, SHARED_FIELDS + COMPLETION_FIELDS),
+        ("chat", CHAT, _chat, SHARED_FIELDS + CHAT_FIELDS),
+    ]
+    for endpoint, path, make, fields in groups:
+        for name, values in fields:
+            for value in values:
+                for stream in (False, True):
+                    body = make(**{name: value})
+                    if stream:
+                        body["stream"] = True
+                    suffix = "-stream" if stream else ""
+                    cases.append(Case(f"{endpoint}:{name}={_label(value)}{suffix}", path, body))
+    for endpoint, name, fields in COMBOS:
+        make, path = (_completion, COMPLETIONS) if endpoint == "completions" else (_chat, CHAT)
+        cases.append(Case(f"{endpoint}:{name}", path, make(**fields)))
+    for name, raw in RAW_BODIES:
+        for path in (COMPLETIONS, CHAT):
+            headers = {"content-type": "application/json"}
+            cases.append(Case(f"{path.rsplit('/', 1)[-1]}:raw:{name}", path, raw, headers))
+    seen: dict[str, int] = {}
+    unique = []
+    for case in cases:  # truncated labels may collide: number the repeats
+        count = seen[case.name] = seen.get(case.name, 0) + 1
+        unique.append(case if count == 1 else Case(f"{case.name}#{count}", *_rest(case)))
+    return unique
+
+
+def _rest(case: Case) -> tuple[str, Any, dict[str, str]]:
+    return case.path, case.body, case.headers
+
+
+def _answer(response: httpx.Response) -> Answer:
+    text = response.text
+    if response.status_code == 200:
+        return Answer(200, None, None, text[:120])
+    try:
+        error = json.loads(text)["error"]
+        return Answer(response.status_code, error.get("type"), error.get("param"), error["message"])
+    except (ValueError, KeyError, TypeError):
+        return Answer(response.status_code, "<not vLLM's error shape>", None, text[:200])
+
+
+def send(client: httpx.Client, url: str, case: Case) -> Answer:
+    if isinstance(case.body, bytes):
+        response = client.post(url + case.path, content=case.body, headers=case.headers)
+    else:
+        response = client.post(url + case.path, json=case.body)
+    return _answer(response)
+
+
+def _start(pool: ServerPool, target: str, model_dir: Path) -> ServerHandle:
+    config = ServerConfig(
+        model=str(model_dir),
+        engine_args={"block_size": 32, "max_model_len": MAX_MODEL_LEN, "dtype": "float32"},
+        served_model_name="scripted",
+        extra_args=("--disable-uvicorn-access-log",) if target == "engine" else (),
+    )
+    handle = pool.get(target, config, startup_timeout_s=STARTUP_TIMEOUT_S)
+    assert handle.startup.started, handle.startup.describe() + "\n" + handle.log_tail()
+    return handle
+
+
+@pytest.fixture(scope="module")
+def servers(
+    scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServerHandle]]:
+    pool = ServerPool(tmp_path_factory.mktemp("bad-input-servers"), grace_s=15.0)
+    try:
+        yield {t: _start(pool, t, scripted_model_dir) for t in ("engine", "oracle")}
+    finally:
+        groups = [h.process.pid for h in pool.handles if h.process is not None]
+        pool.close()
+        left = [pid for group in groups for pid in group_members(group)]
+        assert not left, f"server processes left running: {left}"
+
+
+def _sweep(servers: dict[str, ServerHandle], cases: list[Case]) -> dict[str, list[Answer]]:
+    answers: dict[str, list[Answer]] = {}
+    limits = httpx.Limits(max_connections=WORKERS)
+    for target, handle in servers.items():
+        with (
+            httpx.Client(timeout=REQUEST_TIMEOUT_S, limits=limits) as client,
+            ThreadPoolExecutor(WORKERS) as workers,
+        ):
+            answers[target] = list(workers.map(partial(send, client, handle.url), cases))
+    return answers
+
+
+@pytest.mark.timeout(600)
+def test_bad_inputs_answer_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
+    cases = build_cases()
+    assert len(cases) >= MIN_CASES
+    answers = _sweep(servers, cases)
+    mismatches: list[str] = []
+    known_seen: set[str] = set()
+    for case, ours, theirs in zip(cases, answers["engine"], answers["oracle"], strict=True):
+        if ours.key == theirs.key:
+            continue
+        if case.name in KNOWN_DIFFERENCES:
+            known_seen.add(case.name)
+            continue
+        mismatches.append(
+            f"{case.name}: engine {ours.key} {ours.detail[:150]!r}\n"
+            f"    oracle {theirs.key} {theirs.detail[:150]!r}"
+        )
+    errors = sum(1 for a in answers["oracle"] if a.status != 200)
+    print(
+        f"\nbad-input diff: {len(cases)} cases ({errors} errors at the oracle), "
+        f"{len(mismatches)} mismatches, {len(known_seen)} known differences"
+    )
+    stale = sorted(set(KNOWN_DIFFERENCES) - known_seen)
+    pids = {h.process.pid for h in servers.values() if h.process is not None}
+    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids), pids
+    for target, handle in servers.items():
+        assert httpx.get(handle.url + "/health", timeout=10.0).status_code == 200, target
+        assert handle.alive(), f"{target} died during the sweep"
+    assert not [a for a in answers["engine"] if a.status >= 500], "engine answered 5xx"
+    assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)
+    assert not stale, f"known differences that no longer differ (remove them): {stale}"
