@@ -292,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     from parity.report import add_report_commands
 
     add_report_commands(sub)
+    from parity.repro.cli import add_repro_commands
+
+    add_repro_commands(sub)
     return parser
 
 

@@ -29,11 +29,15 @@ NOT_SCENARIOS = frozenset({"ledger.yaml"})
 _REQUEST_DEFAULTS = {"min_tokens": 0, "stop_token_ids": [], "priority": 0, "at_step": 0}
 
 
+REPRO_SUFFIX = ".repro.yaml"  # parity repro files (parity/repro/spec.py), not scenarios
+
+
 def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
     """Scenario files under ``paths``, sorted.
 
-    A directory means every ``*.yaml`` below it except the decision ledger (``ledger.yaml``)
-    and names starting with ``_``; a file named explicitly is always taken.
+    A directory means every ``*.yaml`` below it except the decision ledger (``ledger.yaml``),
+    hang-reproduction files (``*.repro.yaml``, run by ``parity repro``) and names starting with
+    ``_``; a file named explicitly is always taken.
     """
     files: list[FsPath] = []
     for raw in paths:
@@ -49,7 +53,11 @@ def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
 
 
 def _is_scenario_name(path: FsPath) -> bool:
-    return path.name not in NOT_SCENARIOS and not path.name.startswith("_")
+    return (
+        path.name not in NOT_SCENARIOS
+        and not path.name.startswith("_")
+        and not path.name.endswith(REPRO_SUFFIX)
+    )
 
 
 def load_scenarios(paths: Iterable[str | FsPath]) -> list[Scenario]:

@@ -1,0 +1,336 @@
+"""Run a repro's legs on its targets and give each (leg, target) a verdict.
+
+Legs are grouped by (tier, server config) in order of first appearance; for each group each
+target's server starts once (``ServerPool``), runs the group's legs in file order and is
+stopped before the next target's server starts (at most one server up: 2 cores). A server that
+refuses to start gives every leg of the group ``startup_refused`` with its key log line.
+
+A serve-tier leg sends its requests through ``parity.serve.client.observe_request`` (the
+progress-based stall verdict: no byte and no token-counter change for ``stall_s``), on a
+``HoldingTransport`` so a stalled request stays outstanding on the server after its verdict.
+While it is held: the scheduler dump (our engine), a stack dump (py-spy, when installed), and,
+for a ``sigterm`` leg, SIGTERM with the grace period. Then the held requests are released.
+Scheduler-tier legs run in process through ``parity.runner.run_scenario``.
+
+Each finished (leg, target) is handed to ``on_result`` at once, so the CLI prints verdicts as
+they come. ``verdict.py`` turns the raw run into the outcome class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from parity.errors import TargetSpecError
+from parity.repro.evidence import (
+    SigtermRecord,
+    WedgeEvidence,
+    scheduler_dump,
+    sigterm,
+    stack_dump,
+)
+from parity.repro.hold import HoldingTransport
+from parity.repro.spec import Leg, Repro
+from parity.repro.verdict import TargetLeg, judge_scheduler, judge_serve
+from parity.serve.client import observe_request
+from parity.serve.monitor import TargetMonitor
+from parity.serve.observe import MetricsSnapshot, RequestObservation
+from parity.serve.pool import ServerHandle, ServerPool
+from parity.serve.run import ServeRun, TargetFacts
+from parity.serve.spec import ServeLimits, ServeRequestSpec, from_scenario
+from parity.serve.targets import TargetSpec, parse_target
+
+OnResult = Callable[[TargetLeg], None]
+LOG_TAIL_BYTES = 6000
+RUN_SLACK_S = 15.0
+
+
+class RecordingMonitor(TargetMonitor):
+    """A ``TargetMonitor`` that keeps every ``/metrics`` snapshot (saturation evidence)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.snapshots: list[MetricsSnapshot] = []
+
+    async def sample_metrics(self) -> MetricsSnapshot:
+        snapshot = await super().sample_metrics()
+        if snapshot.error is None:
+            self.snapshots.append(snapshot)
+        return snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class ReproRun:
+    """Every (leg, target) result of one repro, in leg order then target order."""
+
+    repro: Repro
+    targets: tuple[str, ...]  # labels
+    results: tuple[TargetLeg, ...]
+    elapsed_s: float
+    legs_s: float  # time spent in legs (server starts excluded)
+
+    def for_leg(self, name: str) -> list[TargetLeg]:
+        return [r for r in self.results if r.leg == name]
+
+
+def run_repro(
+    repro: Repro,
+    targets: Sequence[str] | None = None,
+    *,
+    pool: ServerPool | None = None,
+    on_result: OnResult | None = None,
+    legs: Sequence[str] | None = None,
+) -> ReproRun:
+    """Run every leg of ``repro`` (or the ones named in ``legs``) on every target (default:
+    the file's ``targets``)."""
+    specs = [parse_target(t) for t in (targets or repro.targets)]  # TargetSpecError first
+    names = [leg.name for leg in repro.legs]
+    unknown = [n for n in legs or () if n not in names]
+    if unknown:
+        raise TargetSpecError(f"unknown leg {unknown[0]!r} (legs: {', '.join(names)})")
+    chosen = [i for i, n in enumerate(names) if not legs or n in legs]
+    own = pool is None
+    active = pool if pool is not None else ServerPool()
+    began = time.monotonic()
+    legs_s = 0.0
+    found: dict[tuple[int, str], TargetLeg] = {}
+    try:
+        for indexes in _groups(repro, chosen):
+            tier = repro.legs[indexes[0]].tier
+            for spec in specs:
+                if tier == "scheduler":
+                    for i in indexes:
+                        result = _scheduler_leg(repro, i, spec)
+                        legs_s += result.elapsed_s
+                        found[(i, spec.label)] = _emit(result, on_result)
+                    continue
+                handle: ServerHandle | None = None
+                for i in indexes:
+                    scenario = repro.leg_scenario(i)
+                    config = from_scenario(scenario)[0]
+                    leg = repro.legs[i]
+                    handle = active.get(
+                        spec, config, startup_timeout_s=leg.limits.startup_timeout_s
+                    )
+                    result = asyncio.run(_serve_leg(repro, i, handle))
+                    legs_s += result.elapsed_s
+                    found[(i, spec.label)] = _emit(result, on_result)
+                if handle is not None:
+                    active.stop(handle)
+    finally:
+        if own:
+            active.close()
+    ordered = [found[(i, s.label)] for i in chosen for s in specs]
+    return ReproRun(
+        repro=repro,
+        targets=tuple(s.label for s in specs),
+        results=tuple(ordered),
+        elapsed_s=round(time.monotonic() - began, 3),
+        legs_s=round(legs_s, 3),
+    )
+
+
+def _emit(result: TargetLeg, on_result: OnResult | None) -> TargetLeg:
+    if on_result is not None:
+        on_result(result)
+    return result
+
+
+def _groups(repro: Repro, chosen: Sequence[int]) -> list[list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i in chosen:
+        leg = repro.legs[i]
+        config = from_scenario(repro.leg_scenario(i))[0]
+        key = json.dumps([leg.tier, config.to_json()], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+# ------------------------------------------------------------------------------ serve tier
+async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLeg:
+    leg = repro.legs[index]
+    scenario = repro.leg_scenario(index)
+    _, requests, limits = from_scenario(scenario)
+    began = time.monotonic()
+    if not handle.startup.started:
+        run = ServeRun(
+            target=handle.label,
+            startup=handle.startup,
+            observations=tuple(
+                _refused(handle, spec, cid) for spec in requests for cid in spec.copy_ids()
+            ),
+            limits=limits,
+            log_tail=handle.log_tail(LOG_TAIL_BYTES),
+        )
+        return judge_serve(leg, scenario, run, elapsed_s=0.0)
+    monitor = RecordingMonitor(handle.url, alive=handle.alive, t0=began, poll_s=leg.limits.poll_s)
+    transport = HoldingTransport()
+    stop = asyncio.Event()
+    evidence: WedgeEvidence | None = None
+    term: SigtermRecord | None = None
+    try:
+        facts = await _facts(handle.url)
+        before = await monitor.sample_metrics()
+        await monitor.sample_health()
+        poller = asyncio.create_task(monitor.poll(stop))
+        timeout = httpx.Timeout(10.0, read=limits.request_timeout_s + 10.0)
+        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+            observations = await _send_all(client, handle, requests, limits, monitor, facts)
+            held = transport.held
+            stalled = any(o.stall is not None for o in observations)
+            if stalled or leg.sends_sigterm:
+                evidence = await _evidence(handle, monitor)
+            if leg.sends_sigterm:
+                term = await sigterm(handle, leg.limits.sigterm_grace_s, len(held), held)
+            stop.set()
+            await asyncio.wait({poller}, timeout=5.0)
+            after = await monitor.sample_metrics() if handle.alive() else None
+            if handle.alive():
+                await monitor.sample_health()
+            await transport.release()
+    finally:
+        stop.set()
+        await transport.aclose()
+        await monitor.aclose()
+    run = ServeRun(
+        target=handle.label,
+        startup=handle.startup,
+        observations=tuple(observations),
+        facts=facts,
+        health=tuple(monitor.health),
+        metrics_before=before,
+        metrics_after=after,
+        limits=limits,
+        elapsed_s=round(time.monotonic() - began, 3),
+        server_alive_after=handle.alive(),
+        log_tail=handle.log_tail(LOG_TAIL_BYTES),
+    )
+    return judge_serve(
+        leg,
+        scenario,
+        run,
+        elapsed_s=run.elapsed_s,
+        evidence=evidence,
+        sigterm=term,
+        snapshots=tuple(monitor.snapshots),
+    )
+
+
+async def _evidence(handle: ServerHandle, monitor: TargetMonitor) -> WedgeEvidence:
+    (dump, dump_note), (stack, stack_note) = await asyncio.gather(
+        scheduler_dump(handle), stack_dump(handle)
+    )
+    return WedgeEvidence(
+        scheduler=dump,
+        scheduler_note=dump_note,
+        stack=stack,
+        stack_note=stack_note,
+        t_ms=monitor.ms(time.monotonic()),
+    )
+
+
+async def _send_all(
+    client: httpx.AsyncClient,
+    handle: ServerHandle,
+    requests: Sequence[ServeRequestSpec],
+    limits: ServeLimits,
+    monitor: TargetMonitor,
+    facts: TargetFacts,
+) -> list[RequestObservation]:
+    model = handle.model_name
+    names = {
+        str(m.get("id")) for m in (facts.models or {}).get("data") or [] if isinstance(m, dict)
+    }
+    if facts.models is not None and model not in names and facts.model_id:
+        model = facts.model_id
+    phase_t0 = time.monotonic()
+
+    async def one(
+        spec: ServeRequestSpec, copy_id: str, gate: asyncio.Semaphore
+    ) -> RequestObservation:
+        delay = spec.at_ms / 1000.0 - (time.monotonic() - phase_t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            return await observe_request(
+                client, handle.url, spec, copy_id, model=model, monitor=monitor, limits=limits
+            )
+
+    tasks = [
+        asyncio.create_task(one(spec, copy_id, gate))
+        for spec in requests
+        for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
+        for copy_id in spec.copy_ids()
+    ]
+    waves = max(-(-s.repeat // (s.concurrency or s.repeat)) for s in requests)
+    overall = max(s.at_ms for s in requests) / 1000.0 + limits.request_timeout_s * waves
+    done, pending = await asyncio.wait(tasks, timeout=overall + RUN_SLACK_S)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5.0)
+    results = []
+    copies = [(spec, cid) for spec in requests for cid in spec.copy_ids()]
+    for task, (spec, cid) in zip(tasks, copies, strict=True):
+        if task in done and not task.cancelled():
+            results.append(task.result())
+        else:
+            results.append(
+                RequestObservation(
+                    request_id=cid,
+                    spec_id=spec.id,
+                    endpoint=spec.endpoint,
+                    stream=spec.stream,
+                    outcome="timeout",
+                    detail="the leg's overall bound ran out",
+                )  # fmt: skip
+            )
+    return results
+
+
+async def _facts(url: str) -> TargetFacts:
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            resp = await client.get(f"{url}/v1/models")
+        data = resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return TargetFacts(error=f"{type(exc).__name__}: {exc}")
+    entries = data.get("data") if isinstance(data, dict) else None
+    first = entries[0] if entries else {}
+    max_len = first.get("max_model_len")
+    return TargetFacts(
+        model_id=first.get("id"),
+        max_model_len=max_len if isinstance(max_len, int) else None,
+        models=data if isinstance(data, dict) else None,
+        error=None if resp.status_code == 200 else f"/v1/models answered {resp.status_code}",
+    )
+
+
+def _refused(handle: ServerHandle, spec: ServeRequestSpec, copy_id: str) -> RequestObservation:
+    return RequestObservation(
+        request_id=copy_id,
+        spec_id=spec.id,
+        endpoint=spec.endpoint,
+        stream=spec.stream,
+        outcome=handle.startup.outcome,
+        detail=handle.startup.error or handle.startup.outcome,
+    )
+
+
+# -------------------------------------------------------------------------- scheduler tier
+def _scheduler_leg(repro: Repro, index: int, spec: TargetSpec) -> TargetLeg:
+    from parity.runner import run_target
+    from parity.targets import make_target
+
+    leg: Leg = repro.legs[index]
+    scenario = repro.leg_scenario(index)
+    began = time.monotonic()
+    target = make_target(spec.spec, "scheduler")
+    run = run_target(scenario, target)  # type: ignore[arg-type]
+    return judge_scheduler(leg, spec.label, run.summary, elapsed_s=time.monotonic() - began)
