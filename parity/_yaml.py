@@ -82,7 +82,7 @@ def load_with_lines(text: str, file: str) -> tuple[Any, LineMap]:
     try:
         loader = _BoundedLoader(text)  # the reader refuses control characters here already
     except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
+        line: int | None = text.count("\n", 0, exc.position) + 1
         raise ScenarioError.at(
             file, line, f"invalid YAML: {exc.reason} (#x{exc.character:04x})"
         ) from None

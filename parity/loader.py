@@ -103,7 +103,7 @@ def parse_scenario(text: str, file: str, stem: str | None = None) -> Scenario:
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_schema_problems(exc, data, lines, file)) from None
+        raise ScenarioError(schema_problems(exc, data, lines, file)) from None
     scenario.attach_source(file, lines)
     problems = [
         Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
@@ -114,8 +114,13 @@ def parse_scenario(text: str, file: str, stem: str | None = None) -> Scenario:
     return scenario
 
 
-def _schema_problems(exc: ValidationError, data: Any, lines: LineMap, file: str) -> list[Problem]:
-    """One problem per data path; union branches at the same path are merged into one line."""
+def schema_problems(
+    exc: ValidationError, data: Any, lines: LineMap, file: str, root: str = "scenario"
+) -> list[Problem]:
+    """One ``file:line`` problem per data path; union branches at one path merge into one line.
+
+    ``root`` names the document in a problem about the top level (``scenario``, ``repro``).
+    """
     merged: dict[Path, list[str]] = {}
     inputs: dict[Path, Any] = {}
     for error in exc.errors():
@@ -130,7 +135,7 @@ def _schema_problems(exc: ValidationError, data: Any, lines: LineMap, file: str)
         text = "; or ".join(messages)
         if len(messages) > 1 or "got" not in text and _shows_input(messages[0]):
             text += f", got {inputs[path]!r}"
-        where = dotted(path) or "scenario"
+        where = dotted(path) or root
         problems.append(Problem(file, line_of(lines, path), f"{where}: {text}"))
     problems.sort(key=lambda p: (p.line or 0, p.message))
     return problems

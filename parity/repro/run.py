@@ -42,7 +42,7 @@ from parity.serve.client import observe_request
 from parity.serve.monitor import TargetMonitor
 from parity.serve.observe import MetricsSnapshot, RequestObservation
 from parity.serve.pool import ServerHandle, ServerPool
-from parity.serve.run import ServeRun, TargetFacts
+from parity.serve.run import ServeRun, TargetFacts, fetch_facts
 from parity.serve.spec import ServeLimits, ServeRequestSpec, from_scenario
 from parity.serve.targets import TargetSpec, parse_target
 
@@ -175,7 +175,7 @@ async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLe
     evidence: WedgeEvidence | None = None
     term: SigtermRecord | None = None
     try:
-        facts = await _facts(handle.url)
+        facts = await fetch_facts(handle.url)
         before = await monitor.sample_metrics()
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
@@ -292,24 +292,6 @@ async def _send_all(
                 )  # fmt: skip
             )
     return results
-
-
-async def _facts(url: str) -> TargetFacts:
-    try:
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            resp = await client.get(f"{url}/v1/models")
-        data = resp.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        return TargetFacts(error=f"{type(exc).__name__}: {exc}")
-    entries = data.get("data") if isinstance(data, dict) else None
-    first = entries[0] if entries else {}
-    max_len = first.get("max_model_len")
-    return TargetFacts(
-        model_id=first.get("id"),
-        max_model_len=max_len if isinstance(max_len, int) else None,
-        models=data if isinstance(data, dict) else None,
-        error=None if resp.status_code == 200 else f"/v1/models answered {resp.status_code}",
-    )
 
 
 def _refused(handle: ServerHandle, spec: ServeRequestSpec, copy_id: str) -> RequestObservation:

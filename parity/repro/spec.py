@@ -47,6 +47,7 @@ from pydantic import (
 
 from parity._yaml import LineMap, Path, line_of, load_with_lines
 from parity.errors import Problem, ScenarioError
+from parity.loader import dotted, schema_problems
 from parity.scenario import ConfigSpec, LimitsSpec, RequestSpec, Scenario
 from parity.serve.observe import OUTCOMES
 
@@ -202,10 +203,10 @@ def parse_repro(text: str, file: str, stem: str | None = None) -> Repro:
     try:
         repro = Repro.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_schema_problems(exc, data, lines, file)) from None
+        raise ScenarioError(schema_problems(exc, data, lines, file, root="repro")) from None
     repro._file, repro._lines = file, lines
     problems = [
-        Problem(file, line_of(lines, p), f"{_dotted(p)}: {m}") for p, m in _checks(repro, stem)
+        Problem(file, line_of(lines, p), f"{dotted(p)}: {m}") for p, m in _checks(repro, stem)
     ]
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
@@ -252,52 +253,3 @@ def _checks(repro: Repro, stem: str | None) -> list[tuple[Path, str]]:
                 if rid not in ids:
                     found.append((spot, f"unknown request {rid!r}"))
     return found
-
-
-def _schema_problems(exc: ValidationError, data: Any, lines: LineMap, file: str) -> list[Problem]:
-    merged: dict[Path, list[str]] = {}
-    for error in exc.errors():
-        path = _data_path(data, error["loc"], error["type"] == "missing")
-        kind = error["type"]
-        if kind == "extra_forbidden":
-            message = "unknown key"
-        elif kind == "missing":
-            message = "missing required key"
-        else:
-            message = str(error["msg"]).removeprefix("Value error, ")
-            if message.startswith(("Input should", "String should")):
-                message += f", got {error.get('input')!r}"
-        messages = merged.setdefault(path, [])
-        if message not in messages:
-            messages.append(message)
-    problems = [
-        Problem(file, line_of(lines, p), f"{_dotted(p) or 'repro'}: {'; or '.join(m)}")
-        for p, m in merged.items()
-    ]
-    return sorted(problems, key=lambda p: (p.line or 0, p.message))
-
-
-def _data_path(data: Any, loc: Any, missing: bool) -> Path:
-    path: list[str | int] = []
-    node = data
-    for index, element in enumerate(loc):
-        if isinstance(node, dict) and element in node:
-            path.append(element)
-            node = node[element]
-        elif isinstance(node, list) and isinstance(element, int) and 0 <= element < len(node):
-            path.append(element)
-            node = node[element]
-        elif missing and index == len(loc) - 1 and isinstance(element, str):
-            path.append(element)
-    return tuple(path)
-
-
-def _dotted(path: Path) -> str:
-    text = ""
-    for element in path:
-        text += (
-            f"[{element}]"
-            if isinstance(element, int)
-            else (f".{element}" if text else str(element))
-        )
-    return text

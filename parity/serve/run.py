@@ -142,7 +142,7 @@ async def arun_serve(
     monitor = TargetMonitor(handle.url, alive=handle.alive, t0=began, poll_s=poll_s)
     stop = asyncio.Event()
     try:
-        facts = await _facts(handle.url)
+        facts = await fetch_facts(handle.url)
         before = await monitor.sample_metrics()
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
@@ -230,7 +230,8 @@ async def _copy(
         )
 
 
-async def _facts(url: str) -> TargetFacts:
+async def fetch_facts(url: str) -> TargetFacts:
+    """What ``/v1/models`` says about the served model (errors become ``TargetFacts.error``)."""
     try:
         async with httpx.AsyncClient(timeout=10.0) as client:
             resp = await client.get(f"{url}/v1/models")
