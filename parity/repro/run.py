@@ -210,6 +210,7 @@ async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLe
         elapsed_s=round(time.monotonic() - began, 3),
         server_alive_after=handle.alive(),
         log_tail=handle.log_tail(LOG_TAIL_BYTES),
+        sigterm=term.label if term is not None else None,
     )
     return judge_serve(
         leg,

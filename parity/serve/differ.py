@@ -26,6 +26,9 @@ path that ``parity.signatures`` understands:
   prompt and generation tokens, ``request_success`` by finish reason and the
   ``request_params_max_tokens`` histogram sum and count.
 - ``health.statuses`` / ``health.server_alive_after`` (kind ``health``).
+- ``shutdown.sigterm`` (kind ``shutdown``): what SIGTERM did while requests were outstanding
+  (``exited`` / ``survived`` / ``gone``; ``ServeRun.sigterm``, set by a repro's ``sigterm``
+  leg), when both sides were sent one.
 
 Normalised away (they must not count): ids, ``created``, ``system_fingerprint``, ``null`` versus
 an absent key (upstream serialises chunks with ``exclude_unset``, so explicitly passed ``None``
@@ -132,6 +135,8 @@ def diff_serve_runs(scenario: Scenario, left: ServeRun, right: ServeRun) -> tupl
         _diff_request(out, scenario, rid, x_obs, y_obs)
     _diff_metrics(out, scenario, left, right)
     _diff_health(out, left, right)
+    if None not in (left.sigterm, right.sigterm) and left.sigterm != right.sigterm:
+        out.add("shutdown", "shutdown.sigterm", left.sigterm, right.sigterm)
     return tuple(out.found)
 
 

@@ -62,6 +62,9 @@ class ServeRun(JsonMixin):
     elapsed_s: float = 0.0
     server_alive_after: bool = False
     log_tail: str = ""  # kept when something went wrong (a stall, a crash, a refusal)
+    # SIGTERM sent while requests were outstanding (a repro's ``sigterm`` leg): ``exited``
+    # within the grace period, ``survived`` (SIGKILL needed) or ``gone``; None: not sent
+    sigterm: str | None = None
 
     @property
     def outcomes(self) -> dict[str, str]:

@@ -131,6 +131,33 @@ def test_capacity_single_block_is_only_the_null_block() -> None:
     assert sig(d, ctx({"block_size": 16, "num_gpu_blocks_override": 1})) == "capacity_overhang"
 
 
+def test_capacity_both_refused_one_counting_the_null_block() -> None:
+    # N 1: upstream has no usable block ("No available memory"); counting the null block
+    # plans one block (estimate 32) and refuses max_model_len 96 on length instead
+    no_memory = "ValueError: No available memory for the cache blocks. Try increasing ..."
+    left = {"startup": {"outcome": "startup_refused", "error": no_memory, "numbers": {}}}
+    counted = {"estimated_max_model_len": 32, "max_seq_len": 96}
+    right = {"startup": {"outcome": "startup_refused", "error": REFUSAL.format(E=32),
+                         "numbers": counted}}  # fmt: skip
+    config = {"block_size": 32, "num_gpu_blocks_override": 1, "max_model_len": 96}
+    for path, value in counted.items():
+        d = div(f"startup.numbers.{path}", None, value, kind="startup")
+        result = classify_divergence(d, ctx(config, left=left, right=right))
+        assert result.signature is Signature.CAPACITY_OVERHANG and result.rule.startswith("C4")
+    # N 3: estimates 64 (2 usable) vs 96 (all 3)
+    usable = {"startup": {"outcome": "startup_refused", "error": REFUSAL.format(E=64)}}
+    every = {"startup": {"outcome": "startup_refused", "error": REFUSAL.format(E=96)}}
+    three = {"block_size": 32, "num_gpu_blocks_override": 3, "max_model_len": 128}
+    d = div("startup.numbers.estimated_max_model_len", 64, 96, kind="startup")
+    assert sig(d, ctx(three, left=usable, right=every)) == "capacity_overhang"
+    # the refusals are not the null block apart: not this rule
+    seq = div("startup.numbers.max_seq_len", 128, 160, kind="startup")
+    assert sig(seq, ctx(three, left=usable, right=every)) == "capacity_overhang"
+    assert sig(seq, ctx(three, left=usable, right=usable)) == "other"
+    off = {"startup": {"outcome": "startup_refused", "error": REFUSAL.format(E=32)}}
+    assert sig(seq, ctx(three, left=off, right=every)) == "other"
+
+
 @pytest.mark.parametrize(
     ("left", "right", "expected"),
     [(64, 48, "capacity_overhang"), (48, 64, "capacity_overhang"), (64, 32, "other")],
@@ -249,6 +276,28 @@ def test_clamp_max_tokens_rejected_on_one_side_only() -> None:
     assert sig(div("requests.r1.error.param", None, "max_completion_tokens")) == "max_tokens_clamp"
     # both sides rejected, differently: that is the error's shape
     assert sig(div("requests.r1.error.param", "input_tokens", "max_tokens")) == "error_shape"
+
+
+def test_clamp_rejected_on_one_side_the_other_failing_a_later_check() -> None:
+    # prompt 96 at max_model_len 96: upstream clamps to 0 and rejects max_tokens; unclamped,
+    # the request reaches the "prompt plus requested output tokens" check (no param)
+    full = [{"id": "r1", "prompt_token_ids": [1] * 96}]  # completions: max_tokens 16 default
+    clamped = {"message": "max_tokens must be at least 1, got 0.", "param": "max_tokens"}
+    later = {"message": "The decoder prompt (length 96) plus ... is longer", "param": None}
+    left = {"requests": {"r1": {"outcome": "http_error", "status": 400, "error": clamped}}}
+    right = {"requests": {"r1": {"outcome": "http_error", "status": 400, "error": later}}}
+    config = {"block_size": 32, "max_model_len": 96}
+    for path, lv, rv in [
+        ("requests.r1.error.param", "max_tokens", None),
+        ("requests.r1.error.message", clamped["message"], later["message"]),
+    ]:
+        result = classify_divergence(div(path, lv, rv), ctx(config, full, left, right))
+        assert result.signature is Signature.MAX_TOKENS_CLAMP, path
+        assert "the clamp binds: M-P=0 < 16" in result.rule
+    # the clamp does not bind (max_tokens 5 with headroom 32): a different error is its shape
+    short = [{"id": "r1", "prompt_token_ids": [1] * 64, "max_tokens": 5}]
+    d = div("requests.r1.error.param", "max_tokens", None)
+    assert sig(d, ctx(config, short, left, right)) == "error_shape"
 
 
 def test_clamp_metric_request_params_max_tokens() -> None:
