@@ -14,9 +14,11 @@ Like Chromium's TestExpectations and wpt-metadata, every run is checked against 
 
 Exit code 1 on any NEW or STALE (``LedgerReport.exit_code``). Matching: ``match.scenario`` is a
 glob on the scenario id (on the file path when it contains ``/``), ``match.kind`` a signature
-(``parity.signatures``) or a ``Divergence.kind``, ``match.path`` a glob on the divergence path,
-``match.target`` a glob on either target of the pair. Globs: ``*`` any run of characters
-(dots included), ``?`` one character, everything else literal (``steps[46]`` is literal).
+(``parity.signatures``) or a ``Divergence.kind`` (either may be a list: any item matches),
+``match.path`` a glob on the divergence path, ``match.target`` a glob on either target of the
+pair. Globs: ``*`` any run of characters (dots included), ``?`` one character, everything else
+literal (``steps[46]`` is literal). A divergence's signature is the one
+``parity.causes.classify_all`` gives: consequences folded into their root's signature.
 
 A divergence is named by its ref ``<scenario-id>:<signature>:<path>`` (``divergence_ref``);
 ``parity decide REF --diverge|--mirror|--bug --reason TEXT`` records a decision for it,
@@ -37,14 +39,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path as FsPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from parity._yaml import LineMap, line_of, load_with_lines
+from parity.causes import classify_all
 from parity.errors import ParityError, Problem, ScenarioError
 from parity.results import Divergence
-from parity.signatures import DIVERGENCE_KINDS, SIGNATURES, SignatureContext, classify_divergence
+from parity.signatures import DIVERGENCE_KINDS, SIGNATURES, Classification, SignatureContext
 
 DEFAULT_LEDGER = "scenarios/ledger.yaml"
 DEFAULT_LAST = "reports/last-run.json"  # what ``parity run`` should also write (its --json)
@@ -68,27 +71,54 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class Match(_Strict):
-    """Which divergences an entry covers (every key a glob; absent keys match anything)."""
+_Glob = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
+_Kind = Annotated[str, Field(min_length=1)]
 
-    scenario: str = Field(min_length=1, pattern=r"^\S+$")
-    kind: str = "*"
+
+class Match(_Strict):
+    """Which divergences an entry covers (every key a glob; absent keys match anything).
+
+    ``scenario`` and ``kind`` may also be lists (any item matches), e.g. the signatures one
+    decision causes and nothing else."""
+
+    scenario: _Glob | Annotated[list[_Glob], Field(min_length=1)]
+    kind: _Kind | Annotated[list[_Kind], Field(min_length=1)] = "*"
     path: str = Field("*", min_length=1)
     target: str = Field("*", min_length=1)
 
+    @property
+    def scenarios(self) -> tuple[str, ...]:
+        return (self.scenario,) if isinstance(self.scenario, str) else tuple(self.scenario)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)
+
+    def describe(self) -> str:
+        """``scenario / kind / path [@ target]``, lists joined with ``|``."""
+        text = f"{'|'.join(self.scenarios)} / {'|'.join(self.kinds)} / {self.path}"
+        return text + ("" if self.target == "*" else f" @ {self.target}")
+
+    def names_scenario(self, scenario_id: str, file: str = "") -> bool:
+        """The scenario glob(s) match this scenario (its file path for a glob with ``/``)."""
+        for pattern in self.scenarios:
+            if "/" in pattern:
+                name = FsPath(file).as_posix()
+                if glob_match(pattern, name) or glob_match("*/" + pattern, name):
+                    return True
+            elif glob_match(pattern, scenario_id):
+                return True
+        return False
+
     def in_scope(self, scenario_id: str, file: str, targets: Sequence[str]) -> bool:
         """The entry applies to this scenario and one of its targets."""
-        on_file = "/" in self.scenario
-        name = FsPath(file).as_posix() if on_file else scenario_id
-        if not (
-            glob_match(self.scenario, name) or on_file and glob_match("*/" + self.scenario, name)
-        ):
+        if not self.names_scenario(scenario_id, file):
             return False
         return any(glob_match(self.target, t) for t in targets) or self.target == "*"
 
     def covers(self, divergence: Divergence, signature: str) -> bool:
         """The divergence (already in scope) matches ``kind`` and ``path``."""
-        kind_ok = self.kind in ("*", signature, divergence.kind)
+        kind_ok = any(k in ("*", signature, divergence.kind) for k in self.kinds)
         return kind_ok and glob_match(self.path, divergence.path)
 
 
@@ -190,13 +220,15 @@ def _semantic_problems(entries: Sequence[LedgerEntry], lines: LineMap, file: str
                 )
             )
         seen.setdefault(entry.id, line_of(lines, (*where, "id")))
-        if entry.match.kind not in kinds:
+        for kind in entry.match.kinds:
+            if kind in kinds:
+                continue
             known = ", ".join(SIGNATURES)
             problems.append(
                 Problem(
                     file,
                     line_of(lines, (*where, "match", "kind")),
-                    f"entries[{index}].match.kind: unknown {entry.match.kind!r} (a signature: "
+                    f"entries[{index}].match.kind: unknown {kind!r} (a signature: "
                     f"{known}; or a divergence kind: {', '.join(DIVERGENCE_KINDS)})",
                 )
             )
@@ -376,8 +408,11 @@ def classify(
                 continue
             scenario = (scenarios or {}).get(result.scenario_id)
             context = SignatureContext.build(scenario, _run(result, left), _run(result, right))
-            for divergence in found:
-                findings.append(_finding(result, left, right, divergence, context, ledger, matched))
+            classified = classify_all(found, context)
+            for divergence, classification in zip(found, classified, strict=True):
+                findings.append(
+                    _finding(result, (left, right), divergence, classification, ledger, matched)
+                )
     states = [
         _entry_state(entry, count, scope)
         for entry, count, scope in zip(ledger.entries, matched, in_scope, strict=True)
@@ -393,16 +428,14 @@ def classify(
 
 def _finding(
     result: Any,
-    left: str,
-    right: str,
+    pair: tuple[str, str],
     divergence: Divergence,
-    context: SignatureContext,
+    classification: Classification,
     ledger: Ledger,
     matched: list[int],
 ) -> Finding:
-    classification = classify_divergence(divergence, context)
     signature = classification.signature.value
-    pair = (left, right)
+    left, right = pair
     for index, entry in enumerate(ledger.entries):
         if entry.match.in_scope(result.scenario_id, result.file, pair) and entry.match.covers(
             divergence, signature
@@ -560,8 +593,8 @@ def _entry_for(ledger: Ledger, ref: DivergenceRef, entry_id: str | None, target:
             continue
         match = entry.match
         covers = (
-            glob_match(match.scenario, ref.scenario_id)
-            and match.kind in ("*", ref.signature)
+            match.names_scenario(ref.scenario_id)
+            and any(k in ("*", ref.signature) for k in match.kinds)
             and glob_match(match.path, ref.path)
         )
         if entry_id is not None:
@@ -569,8 +602,8 @@ def _entry_for(ledger: Ledger, ref: DivergenceRef, entry_id: str | None, target:
                 raise LedgerError.at(
                     ledger.file,
                     ledger.lines[index],
-                    f"entry {entry_id!r} does not cover {ref} (its match: {match.scenario} / "
-                    f"{match.kind} / {match.path}); pick another --id",
+                    f"entry {entry_id!r} does not cover {ref} (its match: "
+                    f"{match.describe()}); pick another --id",
                 )
             return index
         if covers and match.target == target:
@@ -648,10 +681,7 @@ def format_ledger(
         table.add_column(name, overflow="fold", no_wrap=name in ("id", "decision", "status"))
     pin = current_pin()
     for entry in ledger.entries:
-        m = entry.match
-        match = f"{m.scenario} / {m.kind} / {m.path}" + (
-            "" if m.target == "*" else f" @ {m.target}"
-        )
+        match = entry.match.describe()
         found = states.get(entry.id)
         status = "-" if found is None else found.state.value
         if found is not None and found.matched:

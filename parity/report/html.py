@@ -297,13 +297,20 @@ def _pre(lines: list[str], side: str) -> str:
     return f'<pre class="{side}">{shown}{tail}</pre>'
 
 
+def _match_text(match: dict[str, Any]) -> str:
+    """An entry's match keys joined with `` / `` (a list of globs joined with ``|``)."""
+    return " / ".join(
+        "|".join(v) if isinstance(v, list | tuple) else str(v) for v in match.values()
+    )
+
+
 def _entries(data: ReportData) -> str:
     if not data.entries:
         return ""
     rows = "".join(
         f'<tr class="{_e(e.state.replace(" ", "-"))}"><td><code>{_e(e.id)}</code></td>'
         f"<td>{_e(e.decision)}</td><td>{_e(e.state)}</td><td class=num>{e.matched}</td>"
-        f"<td><code>{_e(' / '.join(e.match.values()))}</code></td>"
+        f"<td><code>{_e(_match_text(e.match))}</code></td>"
         f"<td>{_e(e.reason)}{_link(e.link)}</td></tr>"
         for e in data.entries
     )

@@ -58,7 +58,7 @@ class EntryView(JsonMixin):
     matched: int
     decision: str
     reason: str
-    match: dict[str, str]
+    match: dict[str, Any]  # Match's keys (scenario and kind: a glob or a list of globs)
     line: int | None = None
     link: str | None = None
 

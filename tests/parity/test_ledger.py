@@ -292,6 +292,29 @@ def test_kind_matches_divergence_kind_or_signature() -> None:
     assert report.findings[0].verdict is Verdict.NEW
 
 
+def test_scenario_and_kind_lists_scope_an_entry_precisely() -> None:
+    text = ledger_text(
+        entry("profile", "[s1, 'x/s2.yaml']", kind="[trace, startup]").replace("kind: '[", "kind: [")
+        .replace("]'", "]")
+    )  # fmt: skip
+    ledger = parse_ledger(text, "l.yaml")
+    assert ledger.entries[0].match.describe() == "s1|x/s2.yaml / trace|startup / *"
+    found = classify(
+        [result("s1", [div("startup", "startup")]), result("s2", [div("a.b")])], ledger
+    )
+    assert [f.verdict for f in found.findings] == [Verdict.KNOWN, Verdict.KNOWN]
+    assert (
+        classify([result("s1", [div("x", "metrics")])], ledger).findings[0].verdict is Verdict.NEW
+    )
+    # out of the listed scenarios: not in scope, so never stale there
+    assert classify([result("s3")], ledger).entries[0].state is EntryState.NOT_RUN
+    assert classify([result("s2")], ledger).entries[0].state is EntryState.STALE
+    bad = problems_of(
+        ledger_text(entry("e", "s1", kind="[trace, nope]").replace("'[", "[").replace("]'", "]"))
+    )
+    assert any(":6:" in line and "unknown 'nope'" in line for line in bad), bad
+
+
 # -- decide --------------------------------------------------------------------------------
 COMMENTED = textwrap.dedent(
     """\

@@ -8,7 +8,7 @@ the profile's target and NEW without its entry. ``abort-unservable`` turns the p
 (port-wedge-auto-fit: 64 instead of 48, so the request outgrows the pool and wedges). The
 scheduler tier sees no startup check and no max_model_len, so what it observes of
 legacy-capacity is the wedge (self_preemption_wedge); the serve tier sees the capacity overhang
-itself (that matrix needs the serve-tier differ, issue 6).
+itself (tests/parity/serve/test_serve_profile_matrix.py: all five profiles).
 
 The engine target here is parity's ``EngineTarget`` with ``EngineConfig.divergence`` set (and,
 for auto-fit, ``legacy_null_block`` from the profile): parity/targets/engine.py does not take
@@ -30,12 +30,13 @@ from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.kv_sizing import plan_kv_cache
 from engine.model_config import load_model_config, resolve_dtype
+from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
 from parity.results import Status
 from parity.runner import run_scenario
 from parity.scenario import ConfigSpec
-from parity.signatures import SignatureContext, classify_divergence
+from parity.signatures import SignatureContext
 from parity.targets._script import shared_script
 from parity.targets.engine import EngineTarget
 
@@ -109,9 +110,10 @@ def test_profile_is_caught_with_its_signature_and_nothing_else(
     result = results[changed]
     assert result.status is Status.DIVERGENCE and result.divergences
     context = SignatureContext.build(scenarios[changed], *result.runs)
-    found = {classify_divergence(d, context).signature.value for d in result.divergences}
+    classified = classify_all(result.divergences, context)
+    found = {c.signature.value for c in classified}
     assert found == {signature}, [
-        (d.path, classify_divergence(d, context).rule) for d in result.divergences
+        (d.path, c.rule) for d, c in zip(result.divergences, classified, strict=True)
     ]
     ledger = load_ledger(ROOT / "scenarios" / "ledger.yaml")
     report = classify(list(results.values()), ledger, scenarios)
