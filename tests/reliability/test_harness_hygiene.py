@@ -117,6 +117,14 @@ def _engine_listening(root: psutil.Process) -> bool:
     return False
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT at its default disposition, as at a terminal. A test
+    session started in the background without job control (``cmd &`` in a script, as a CI
+    runner may) ignores SIGINT, and an ignored signal stays ignored across exec, so Python
+    would not install its KeyboardInterrupt handler and the Ctrl-C below would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(argv: list[str], tmp: Path, cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
@@ -128,6 +136,7 @@ def _spawn(argv: list[str], tmp: Path, cwd: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         process_group=0,
+        preexec_fn=_default_sigint,
     )
 
 
