@@ -15,6 +15,7 @@ path that ``parity.signatures`` understands:
   ``error.type|param|message|code`` (messages compared exactly: the engine mirrors them),
   ``headers.content-type``, ``finish_reason``, ``stop_reason``, ``role``, ``text``,
   ``reasoning``, ``reasoning_key``, ``token_ids``, ``prompt_token_ids``, ``num_choices``,
+  ``choices[i].<field>`` for the other choices of an ``n > 1`` request (``CHOICE_FIELDS``),
   ``usage.<key>`` (nested keys dotted, e.g. ``usage.completion_tokens_details.reasoning_tokens``),
   ``logprobs.*`` (token and rank order exact, values within ``limits.logprob_tolerance``),
   ``done`` and ``frames`` (the SSE event sequence: role, delta*, finish, usage, error,
@@ -71,6 +72,8 @@ RESULT_FIELDS = (
     *("finish_reason", "stop_reason", "role", "text", "reasoning", "reasoning_key"),
     *("token_ids", "prompt_token_ids", "num_choices"),
 )
+# Compared for each choice after the first (n > 1), as ``choices[<index>].<field>``.
+CHOICE_FIELDS = ("finish_reason", "stop_reason", "text", "reasoning", "token_ids")
 # Frame fields whose values are compared (all others: presence only; values vary per frame).
 FRAME_VALUE_KEYS = frozenset({"object", "model", "index", "role"})
 METRIC_PREFIXES = (
@@ -217,6 +220,7 @@ def _diff_request(
         x, y = _field(a, name, markers), _field(b, name, markers)
         if x != y:
             add("response", name, x, y)
+    _diff_choices(add, a, b, markers)
     x_usage, y_usage = _flat(a.result.usage or {}), _flat(b.result.usage or {})
     for key in _union(x_usage, y_usage):
         if x_usage.get(key) != y_usage.get(key):
@@ -231,12 +235,25 @@ def _diff_request(
     _diff_timing(add, scenario, a, b)
 
 
-def _field(observation: RequestObservation, name: str, markers: bool) -> Any:
-    """A result field; streamed reasoning without the ``<think>`` marker text (see below)."""
-    value = getattr(observation.result, name)
+def _field(observation: RequestObservation, name: str, markers: bool, source: Any = None) -> Any:
+    """A result field of choice 0 (or of ``source``, another choice); streamed reasoning
+    without the ``<think>`` marker text (see the module docstring)."""
+    value = getattr(source if source is not None else observation.result, name, None)
     if markers and observation.stream and name == "reasoning" and isinstance(value, str):
         return value.replace(THINK_START, "")
     return value
+
+
+def _diff_choices(add: Any, a: RequestObservation, b: RequestObservation, markers: bool) -> None:
+    """The choices after the first (n > 1), matched by index."""
+    x = {c.index: c for c in a.result.other_choices}
+    y = {c.index: c for c in b.result.other_choices}
+    for index in sorted(set(x) | set(y)):
+        for name in CHOICE_FIELDS:
+            left = _field(a, name, markers, x[index]) if index in x else None
+            right = _field(b, name, markers, y[index]) if index in y else None
+            if left != right:
+                add("response", f"choices[{index}].{name}", left, right)
 
 
 def _diff_error(add: Any, a: RequestObservation, b: RequestObservation) -> None:
@@ -264,17 +281,29 @@ def frame_kinds(observation: RequestObservation) -> tuple[str, ...]:
     """The event sequence of a stream, independent of chunk boundaries: each frame's kind
     split into its parts (``delta+finish`` is a delta, then a finish), frames with no text,
     role, finish or usage dropped, and every run of deltas written ``delta*``. What counts is
-    the order of role, deltas, finish, usage, error and ``[DONE]``."""
+    the order of role, deltas, finish, usage, error and ``[DONE]``. With several choices
+    (``n > 1``) their frames interleave as the server's steps go, so each choice's events are
+    taken on their own and the sequences follow in index order, then the frames that carry no
+    choice (usage, error, ``[DONE]``)."""
+    if len(_choice_indexes(observation)) > 1:
+        return _per_choice_kinds(observation)
     parts: list[str] = []
     for frame in observation.frames:
-        if frame.done:
-            parts.append("done")
-        elif frame.data is None:
-            parts.append("comment")
-        else:
-            payload = frame.payload()
-            kind = frame_kind(payload if payload is not None else {"raw": frame.data})
-            parts.extend(part for part in kind.split("+") if part != "empty")
+        parts.extend(_parts(frame))
+    return _collapse(parts)
+
+
+def _parts(frame: Any, payload: Any = None) -> list[str]:
+    if frame.done:
+        return ["done"]
+    if frame.data is None:
+        return ["comment"]
+    payload = frame.payload() if payload is None else payload
+    kind = frame_kind(payload if payload is not None else {"raw": frame.data})
+    return [part for part in kind.split("+") if part != "empty"]
+
+
+def _collapse(parts: Iterable[str]) -> tuple[str, ...]:
     events: list[str] = []
     for part in parts:
         if part == "delta":
@@ -283,6 +312,34 @@ def frame_kinds(observation: RequestObservation) -> tuple[str, ...]:
             part = "delta*"
         events.append(part)
     return tuple(events)
+
+
+def _choice_indexes(observation: RequestObservation) -> set[int]:
+    found = set()
+    for payload in _frame_payloads(observation):
+        for choice in payload.get("choices") or () if isinstance(payload, dict) else ():
+            if isinstance(choice, dict):
+                found.add(int(choice.get("index", 0)))
+    return found
+
+
+def _per_choice_kinds(observation: RequestObservation) -> tuple[str, ...]:
+    streams: dict[int, list[str]] = {}
+    rest: list[str] = []
+    for frame in observation.frames:
+        payload = frame.payload()
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not choices:
+            rest.extend(_parts(frame))
+            continue
+        for choice in choices:
+            index = int(choice.get("index", 0)) if isinstance(choice, dict) else 0
+            one = {**payload, "choices": [choice]}
+            streams.setdefault(index, []).extend(_parts(frame, one))
+    events: list[str] = []
+    for index in sorted(streams):
+        events.extend(_collapse(streams[index]))
+    return tuple(events) + _collapse(rest)
 
 
 def _frame_payloads(observation: RequestObservation) -> list[Any]:

@@ -163,8 +163,21 @@ class StallEvidence(JsonMixin):
 
 
 @dataclass(frozen=True, slots=True)
+class ChoiceResult(JsonMixin):
+    """The result fields of one more choice (``n > 1``: index 1 and up)."""
+
+    index: int
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: tuple[int, ...] | None = None
+    text: str | None = None  # completions text, or chat content
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Parsed(JsonMixin):
-    """The result fields of a response (choice 0), from its body or its SSE frames."""
+    """The result fields of a response, from its body or its SSE frames: choice 0 in the
+    fields, the other choices (``n > 1``) in ``other_choices`` by index."""
 
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -178,6 +191,7 @@ class Parsed(JsonMixin):
     error: dict[str, Any] | None = None  # the error object (HTTP error body or error frame)
     num_choices: int = 0
     num_token_frames: int = 0  # frames that carried a token (streaming)
+    other_choices: tuple[ChoiceResult, ...] = ()  # index 1 and up, in index order
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,12 +283,16 @@ def parse_body(text: str, status: int | None) -> Parsed:
     if (status or 0) >= 400 or "error" in data and "choices" not in data:
         error = data.get("error", data)
         return Parsed(error=error if isinstance(error, dict) else {"message": error})
-    choices = data.get("choices") or []
+    choices = sorted(
+        (c for c in data.get("choices") or [] if isinstance(c, dict)),
+        key=lambda c: int(c.get("index", 0)),
+    )
     choice = choices[0] if choices else {}
     message = choice.get("message")
     reasoning, key = _reasoning(message or {})
     prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
     return Parsed(
+        other_choices=tuple(_choice_result(c) for c in choices[1:]),
         finish_reason=choice.get("finish_reason"),
         stop_reason=choice.get("stop_reason"),
         usage=data.get("usage"),
@@ -288,8 +306,20 @@ def parse_body(text: str, status: int | None) -> Parsed:
     )
 
 
+def _choice_result(choice: dict[str, Any]) -> ChoiceResult:
+    message = choice.get("message")
+    return ChoiceResult(
+        index=int(choice.get("index", 0)),
+        finish_reason=choice.get("finish_reason"),
+        stop_reason=choice.get("stop_reason"),
+        token_ids=_ids(choice.get("token_ids")),
+        text=message.get("content") if isinstance(message, dict) else choice.get("text"),
+        reasoning=_reasoning(message)[0] if isinstance(message, dict) else None,
+    )
+
+
 def parse_frames(frames: tuple[SSEFrame, ...]) -> Parsed:
-    """The result fields accumulated over a stream's frames (choice 0)."""
+    """The result fields accumulated over a stream's frames, per choice index."""
     acc = _StreamAccumulator()
     for frame in frames:
         payload = frame.payload()
@@ -311,32 +341,16 @@ def frame_has_token(payload: Any) -> bool:
     return False
 
 
-class _StreamAccumulator:
+class _ChoiceStream:
+    """One choice's pieces over a stream."""
+
     def __init__(self) -> None:
         self.fields: dict[str, Any] = {}
         self.text: list[str] | None = None
         self.reasoning: list[str] | None = None
         self.tokens: list[int] | None = None
-        self.choices: set[int] = set()
-        self.token_frames = 0
 
-    def add(self, payload: dict[str, Any]) -> None:
-        if "error" in payload and "choices" not in payload:
-            error = payload["error"]
-            self.fields["error"] = error if isinstance(error, dict) else {"message": error}
-        if payload.get("usage"):
-            self.fields["usage"] = payload["usage"]
-        if payload.get("prompt_token_ids") and "prompt_token_ids" not in self.fields:
-            self.fields["prompt_token_ids"] = _ids(payload["prompt_token_ids"])
-        self.token_frames += frame_has_token(payload)
-        for choice in payload.get("choices") or []:
-            self.choices.add(int(choice.get("index", 0)))
-            if int(choice.get("index", 0)) == 0:
-                self._choice(choice)
-
-    def _choice(self, choice: dict[str, Any]) -> None:
-        if choice.get("prompt_token_ids") and "prompt_token_ids" not in self.fields:
-            self.fields["prompt_token_ids"] = _ids(choice["prompt_token_ids"])
+    def add(self, choice: dict[str, Any]) -> None:
         if choice.get("token_ids"):
             self.tokens = (self.tokens or []) + list(choice["token_ids"])
         if choice.get("finish_reason") is not None:
@@ -354,13 +368,51 @@ class _StreamAccumulator:
                 self.reasoning = (self.reasoning or []) + [reasoning]
                 self.fields["reasoning_key"] = key
 
+    def values(self) -> dict[str, Any]:
+        return {
+            "token_ids": tuple(self.tokens) if self.tokens is not None else None,
+            "text": "".join(self.text) if self.text is not None else None,
+            "reasoning": "".join(self.reasoning) if self.reasoning is not None else None,
+            **self.fields,
+        }
+
+
+class _StreamAccumulator:
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.choices: dict[int, _ChoiceStream] = {}
+        self.token_frames = 0
+
+    def add(self, payload: dict[str, Any]) -> None:
+        if "error" in payload and "choices" not in payload:
+            error = payload["error"]
+            self.fields["error"] = error if isinstance(error, dict) else {"message": error}
+        if payload.get("usage"):
+            self.fields["usage"] = payload["usage"]
+        if payload.get("prompt_token_ids") and "prompt_token_ids" not in self.fields:
+            self.fields["prompt_token_ids"] = _ids(payload["prompt_token_ids"])
+        self.token_frames += frame_has_token(payload)
+        for choice in payload.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("prompt_token_ids") and "prompt_token_ids" not in self.fields:
+                self.fields["prompt_token_ids"] = _ids(choice["prompt_token_ids"])
+            index = int(choice.get("index", 0))
+            self.choices.setdefault(index, _ChoiceStream()).add(choice)
+
     def result(self) -> Parsed:
+        first = self.choices.get(0, _ChoiceStream()).values()
+        others = []
+        for index in sorted(i for i in self.choices if i != 0):
+            values = self.choices[index].values()
+            values.pop("role", None)
+            values.pop("reasoning_key", None)
+            others.append(ChoiceResult(index=index, **values))
         return Parsed(
-            token_ids=tuple(self.tokens) if self.tokens is not None else None,
-            text="".join(self.text) if self.text is not None else None,
-            reasoning="".join(self.reasoning) if self.reasoning is not None else None,
             num_choices=len(self.choices),
             num_token_frames=self.token_frames,
+            other_choices=tuple(others),
+            **first,
             **self.fields,
         )
 

@@ -333,3 +333,47 @@ def test_coalesced_reasoning_deltas_are_chunk_boundaries() -> None:
     leaked = [role, delta([395, 362], "<think> g"), delta([363], " h", finish_reason="length")]
     plain_chat = run("oracle", replace(streamed([*leaked, None]), endpoint="chat", stream=False))
     assert diff_serve_runs(sc, left, plain_chat) != ()  # only streams are normalised
+
+
+def test_every_choice_of_an_n_request_is_compared_by_index() -> None:
+    def two(second: str, ids: list[int]) -> dict[str, Any]:
+        extra = {"index": 1, "text": second, "token_ids": ids, "finish_reason": "length"}
+        data = body()
+        data["choices"].append(extra)
+        return data
+
+    same = run("e", plain(two(" 7", [262])))
+    assert diff_serve_runs(scenario(), same, run("o", plain(two(" 7", [262])))) == ()
+    found = diff_serve_runs(scenario(), same, run("o", plain(two(" 8", [263]))))
+    assert [(d.path, d.left, d.right) for d in found] == [
+        ("requests.r1.choices[1].text", " 7", " 8"),
+        ("requests.r1.choices[1].token_ids", [262], [263]),
+    ]
+    # a choice missing on one side: num_choices, and that choice's fields against nothing
+    missing = diff_serve_runs(scenario(), same, run("o", plain(body())))
+    assert [d.path for d in missing][:2] == [
+        "requests.r1.num_choices",
+        "requests.r1.choices[1].finish_reason",
+    ]
+
+
+def test_n_streams_compare_each_choice_regardless_of_interleaving() -> None:
+    def c(index: int, text: str, ids: list[int], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": index, "text": text, "token_ids": ids, "finish_reason": finish}
+        return {"id": "c", "object": "text_completion", "choices": [choice]}
+
+    # the same two choices, their chunks interleaved in two orders
+    a = [c(0, " 1", [1]), c(1, " 5", [5]), c(0, " 2", [2], "length"), c(1, " 6", [6], "length")]
+    b = [c(1, " 5", [5]), c(1, " 6", [6], "length"), c(0, " 1", [1]), c(0, " 2", [2], "length")]
+    left, right = streamed([*a, None]), streamed([*b, None])
+    assert frame_kinds(left) == frame_kinds(right) == (
+        "delta*", "finish", "delta*", "finish", "done"
+    )  # fmt: skip
+    assert diff_serve_runs(scenario(), run("e", left), run("o", right)) == ()
+    # one choice ends early on one side: that choice's finish moves, and its tokens differ
+    short = [c(0, " 1", [1]), c(1, " 5", [5], "stop"), c(0, " 2", [2], "length")]
+    found = diff_serve_runs(scenario(), run("e", left), run("o", streamed([*short, None])))
+    paths = [d.path for d in found]
+    assert "requests.r1.choices[1].finish_reason" in paths
+    assert "requests.r1.choices[1].token_ids" in paths
+    assert "requests.r1.token_ids" not in paths  # choice 0 is the same

@@ -196,6 +196,37 @@ def test_chat_frames_split_reasoning_and_content() -> None:
     assert parsed.num_token_frames == 3
 
 
+def test_n_choices_are_kept_per_index_in_bodies_and_streams() -> None:
+    body = {
+        "choices": [  # out of index order on purpose
+            {"index": 1, "text": " b", "token_ids": [7, 8], "finish_reason": "length"},
+            {"index": 0, "text": " a", "token_ids": [5], "finish_reason": "stop"},
+        ]
+    }
+    parsed = parse_body(json.dumps(body), 200)
+    assert (parsed.text, parsed.token_ids, parsed.num_choices) == (" a", (5,), 2)
+    other = parsed.other_choices
+    assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in other] == [
+        (1, " b", (7, 8), "length")
+    ]
+    payloads = [  # chunks of two choices interleaved, as a server streams them
+        {"choices": [{"index": 1, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 1, "delta": {"reasoning": "r"}, "token_ids": [9]}]},
+        {"choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [1]}]},
+        {"choices": [{"index": 1, "delta": {"content": "y"}, "token_ids": [2]}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]},
+    ]
+    frames = tuple(SSEFrame(float(i), "data: " + json.dumps(p)) for i, p in enumerate(payloads))
+    streamed = parse_frames(frames)
+    assert (streamed.text, streamed.token_ids, streamed.finish_reason) == ("x", (1,), "stop")
+    assert streamed.num_choices == 2 and streamed.role == "assistant"
+    (second,) = streamed.other_choices
+    assert (second.index, second.text, second.reasoning, second.token_ids) == (1, "y", "r", (9, 2))
+    assert second.finish_reason == "length"
+
+
 def test_error_bodies_and_frames() -> None:
     error = {
         "message": "max_tokens=9 cannot be greater",
