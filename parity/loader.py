@@ -246,6 +246,7 @@ def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
         "error_param",
         "text",
         "reasoning",
+        "num_choices",
     ):
         for request_id in getattr(expect, key):
             if request_id not in ids:

@@ -134,6 +134,9 @@ class RequestSpec(_Strict):
     repeat: PositiveInt = 1
     concurrency: PositiveInt | None = None
     max_completion_tokens: NonNegativeInt | None = None
+    n: PositiveInt | None = Field(
+        default=None, description="serve tier: choices per request (each compared by index)"
+    )
     temperature: NonNegativeFloat | None = None
     top_p: PositiveFloat | None = None
     top_k: int | None = None
@@ -238,6 +241,9 @@ class ExpectSpec(_Strict):
     )
     reasoning: dict[str, str | None] = Field(
         default_factory=dict, description="serve tier: chat reasoning (null: none)"
+    )
+    num_choices: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, description="serve tier: choices returned (n)"
     )
     min_preemptions: NonNegativeInt | None = Field(
         default=None, description="serve tier: at least this many preemptions (metrics delta)"

@@ -5,7 +5,7 @@ scenario request id and are checked on every copy of it (``id#k`` when repeated)
 ``outcome`` (``parity.serve.observe.OUTCOMES``), ``status``, ``error_param``,
 ``finish_reason``, ``stop_reason``, ``num_output_tokens`` (token ids returned, else
 ``usage.completion_tokens``), ``output_token_ids``, ``text`` (completion text or chat
-content; null: none) and ``reasoning``. Run-level: ``startup`` (``started`` or ``refused``),
+content; null: none), ``reasoning`` and ``num_choices``. Run-level: ``startup`` (``started`` or ``refused``),
 ``startup_numbers`` (numbers of the startup log), ``max_model_len`` (``/v1/models``) and
 ``min_preemptions`` (the ``vllm:num_preemptions`` change over the scenario). Scheduler-only
 keys (``finished_at_step``, ``wedged_at_step``, ``steps``, ``num_preemptions``) are ignored.
@@ -41,6 +41,7 @@ _PER_REQUEST: dict[str, Any] = {
     "output_token_ids": lambda o: list(o.result.token_ids or ()),
     "text": lambda o: o.result.text,
     "reasoning": lambda o: o.result.reasoning,
+    "num_choices": lambda o: o.result.num_choices,
 }
 
 
