@@ -157,6 +157,8 @@ def resolved_scheduler_args(args: argparse.Namespace, max_model_len: int) -> dic
         if not chunked:
             batched = max(max_model_len, batched)
         batched = min(seqs * max_model_len, batched)
+    if args.max_num_seqs is None:  # a default never exceeds the batch (arg_utils.py:3178-3180)
+        seqs = min(seqs, batched)
     return {
         "max_num_seqs": seqs,
         "max_num_batched_tokens": batched,
