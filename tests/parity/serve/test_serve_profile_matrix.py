@@ -6,7 +6,7 @@ profile must be caught: 5 of 5.
 
 What runs (one module, servers reused; at most one server up at a time):
 
-- the serve suite (``scenarios/serve``: 29 scenarios over 5 server configs) on ``oracle``, on
+- the serve suite (``scenarios/serve``: 30 scenarios over 6 server configs) on ``oracle``, on
   the plain ``engine`` (the baseline: parity everywhere, so nothing below is noise) and on
   ``engine --divergence P`` for each profile, every engine run diffed against the same oracle
   runs;
