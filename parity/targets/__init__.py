@@ -1,13 +1,16 @@
 """Targets the runner compares, and the registry that makes them from ``--target`` specs.
 
 ``make_target("engine", tier="scheduler")`` returns a fresh target. Specs are registry names
-(``engine``, ``oracle``) or ``prefix:argument`` (``external:python -m engine serve ...``, serve
-tier, issue 6). Heavy modules are imported only when their target is made.
+(``engine``, ``oracle``) or ``prefix:argument`` (``engine:/models/scripted``), optionally
+followed by flags the target takes (``engine --divergence abort-unservable``: the target's
+``configure_flags``; split with shlex). Heavy modules are imported only when their target is
+made.
 """
 
 from __future__ import annotations
 
 import importlib
+import shlex
 from collections.abc import Callable
 
 from parity.errors import TargetSpecError
@@ -37,7 +40,12 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
     """A new target for ``spec`` in ``tier``; ``TargetSpecError`` for an unknown spec."""
     if tier not in TIERS:
         raise TargetSpecError(f"unknown tier {tier!r} (choose from {', '.join(TIERS)})")
-    name, _, argument = spec.partition(":")
+    head, _, rest = spec.strip().partition(" ")
+    name, _, argument = head.partition(":")
+    try:
+        flags = shlex.split(rest)
+    except ValueError as e:
+        raise TargetSpecError(f"target {spec!r}: {e}") from None
     factory = _FACTORIES.get((tier, name))
     if factory is None:
         known = ", ".join(available_targets(tier)) or "none"
@@ -47,7 +55,13 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
         factory = getattr(importlib.import_module(module_name), attribute)
     target = factory(argument)
     if not argument:
-        target.name = spec
+        target.name = name
+    if flags:
+        configure = getattr(target, "configure_flags", None)
+        if configure is None:
+            raise TargetSpecError(f"{tier}-tier target {name!r} takes no flags (got {rest!r})")
+        configure(flags)
+        target.name = " ".join([target.name, *(shlex.quote(f) for f in flags)])
     return target
 
 

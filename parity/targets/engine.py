@@ -5,6 +5,10 @@ the model folder's config (default: the scripted model), ``num_gpu_blocks_overri
 size (null block included), no startup capacity check, greedy requests whose EOS comes from the
 model's config and generation config, and deterministic arrival times (the n-th request
 submitted after ``start`` arrives at ``float(n)``), so priority ties break identically.
+
+Flags (``engine --divergence NAME``, repeatable): the engine's divergence profiles that act at
+this tier (``engine.divergence.PROFILES[name].tiers``): ``abort-unservable`` and
+``legacy-capacity`` (auto-fit counts the null block).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from engine import divergence
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
@@ -26,7 +31,7 @@ from engine.model_config import (
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.trace import StepTrace
-from parity.errors import TargetStartError
+from parity.errors import TargetSpecError, TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets._script import shared_script
 
@@ -65,6 +70,33 @@ class EngineTarget:
         self._eos_token_id: int | None = None
         self._generation_config: dict[str, object] = {}
         self._num_added = 0
+        self.profiles: tuple[str, ...] = ()
+
+    def configure_flags(self, flags: list[str]) -> None:
+        """``--divergence NAME`` (repeatable, or ``--divergence=NAME``); anything else, an
+        unknown profile or a serve-only one is a one-line ``TargetSpecError``."""
+        names: list[str] = []
+        words = iter(flags)
+        for word in words:
+            if word.startswith("--divergence="):
+                names.append(word.split("=", 1)[1])
+            elif word == "--divergence":
+                names.append(next(words, ""))
+            else:
+                raise TargetSpecError(
+                    f"scheduler-tier engine: unknown flag {word!r} (only --divergence NAME)"
+                )
+        try:
+            profiles = divergence.parse_profiles(names)
+        except divergence.UnknownDivergenceError as e:
+            raise TargetSpecError(f"scheduler-tier engine: {e}") from None
+        serve_only = [p for p in profiles if "scheduler" not in divergence.PROFILES[p].tiers]
+        if serve_only:
+            raise TargetSpecError(
+                f"scheduler-tier engine: profile {serve_only[0]!r} acts at the serve tier only "
+                f"(scheduler tier: {', '.join(_scheduler_profiles())})"
+            )
+        self.profiles = profiles
 
     def start(self, config: ConfigSpec) -> None:
         self.close()
@@ -74,7 +106,7 @@ class EngineTarget:
         try:
             model = _model_config(str(model_dir))
             values = {key: getattr(config, key) for key in ENGINE_CONFIG_KEYS}
-            engine_config = EngineConfig(model=str(model_dir), **values)
+            engine_config = EngineConfig(model=str(model_dir), divergence=self.profiles, **values)
             max_model_len = self._max_model_len(model, engine_config)
             engine_config.scheduler_limits(max_model_len)
         except (ConfigError, ModelConfigError, ValueError) as exc:
@@ -91,6 +123,7 @@ class EngineTarget:
 
     @staticmethod
     def _max_model_len(model: ModelConfig, config: EngineConfig) -> int:
+        """The explicit length, or auto-fit (counting the null block under legacy-capacity)."""
         if not config.auto_fit_max_model_len:
             return resolve_max_model_len(model, config.explicit_max_model_len)
         plan = plan_kv_cache(
@@ -100,6 +133,7 @@ class EngineTarget:
             available_memory=0,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
             max_model_len="auto",
+            legacy_null_block=divergence.legacy_null_block(config.divergence),
         )
         return plan.max_model_len
 
@@ -134,3 +168,7 @@ class EngineTarget:
 
     def close(self) -> None:
         self.core = None
+
+
+def _scheduler_profiles() -> list[str]:
+    return [name for name, p in divergence.PROFILES.items() if "scheduler" in p.tiers]

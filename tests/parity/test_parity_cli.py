@@ -101,6 +101,31 @@ def test_unknown_target_and_empty_selection_exit_2(capsys: pytest.CaptureFixture
     assert capsys.readouterr().err == "-k 'a and (b': unexpected end of expression\n"
 
 
+def test_scheduler_tier_engine_takes_divergence_profiles(
+    scripted_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wedge = str(SCENARIOS / "port-wedge-bs16.yaml")
+    profiled = f"engine:{scripted_model_dir} --divergence abort-unservable"
+    argv = ["run", wedge, "--target", f"engine:{scripted_model_dir}", "--target", profiled]
+    ledger = str(Path(__file__).resolve().parents[2] / "scenarios" / "ledger.yaml")
+    # every divergence is KNOWN by the profile's entry; the file's expect block (a wedge at
+    # step 47) fails on the profiled engine, which finishes the request with an error instead
+    assert main([*argv, "--no-progress", "--ledger", ledger]) == EXIT_DIVERGENCE
+    out = capsys.readouterr().out
+    assert "ledger: 0 pass, 7 known, 0 new, 0 stale" in out
+    assert "engine --divergence abort-unservable: expect.outcome.r1: expected 'wedged'" in out
+    for flags, message in [
+        ("--divergence reasoning-content-field", "acts at the serve tier only"),
+        ("--divergence nope", "unknown divergence profile 'nope'"),
+        ("--port 3", "unknown flag '--port' (only --divergence NAME)"),
+    ]:
+        assert main(["run", wedge, "--target", f"engine {flags}"]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert main(["run", wedge, "--target", "oracle --divergence abort-unservable"]) == 2
+    assert "target 'oracle' takes no flags" in capsys.readouterr().err
+
+
 def test_trace_prints_the_full_trace(
     scripted_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,15 +10,12 @@ scheduler tier sees no startup check and no max_model_len, so what it observes o
 legacy-capacity is the wedge (self_preemption_wedge); the serve tier sees the capacity overhang
 itself (tests/parity/serve/test_serve_profile_matrix.py: all five profiles).
 
-The engine target here is parity's ``EngineTarget`` with ``EngineConfig.divergence`` set (and,
-for auto-fit, ``legacy_null_block`` from the profile): parity/targets/engine.py does not take
-profiles yet.
+The engine target is ``engine:<model> --divergence <profile>``, as ``parity run --target``
+takes it (parity/targets/engine.py: ``configure_flags``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +23,13 @@ import pytest
 from parity_helpers import SCENARIOS
 
 from engine import divergence
-from engine.core.engine_core import EngineCore
-from engine.core.fake_runner import ScriptedModelRunner
-from engine.core.kv_sizing import plan_kv_cache
-from engine.model_config import load_model_config, resolve_dtype
 from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
 from parity.results import Status
 from parity.runner import run_scenario
-from parity.scenario import ConfigSpec
 from parity.signatures import SignatureContext
-from parity.targets._script import shared_script
-from parity.targets.engine import EngineTarget
+from parity.targets import make_target
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(900)]
 
@@ -48,36 +39,6 @@ MATRIX = {
     "abort-unservable": ("port-wedge-bs16", "self_preemption_wedge"),
     "legacy-capacity": ("port-wedge-auto-fit", "self_preemption_wedge"),
 }
-
-
-class ProfiledEngineTarget(EngineTarget):
-    """``EngineTarget`` whose core runs with divergence profiles."""
-
-    def __init__(self, model_dir: Path, profiles: Sequence[str]) -> None:
-        super().__init__(str(model_dir))
-        self.profiles = divergence.parse_profiles(profiles)
-        self.name = " ".join(["engine", *(f"--divergence {p}" for p in self.profiles)])
-
-    def start(self, config: ConfigSpec) -> None:
-        super().start(config)
-        assert self.core is not None
-        engine_config = dataclasses.replace(self.core.config, divergence=self.profiles)
-        max_model_len = self.core.max_model_len
-        if engine_config.auto_fit_max_model_len:
-            model = load_model_config(str(engine_config.model))
-            max_model_len = plan_kv_cache(
-                model,
-                block_size=engine_config.block_size,
-                dtype=resolve_dtype(model, engine_config.dtype),
-                available_memory=0,
-                num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
-                max_model_len="auto",
-                legacy_null_block=divergence.legacy_null_block(self.profiles),
-            ).max_model_len
-        runner = ScriptedModelRunner(shared_script(), block_size=engine_config.block_size)
-        num_blocks = engine_config.num_gpu_blocks_override
-        assert num_blocks is not None
-        self.core = EngineCore(engine_config, runner, num_blocks, max_model_len)
 
 
 def _without_profile(ledger: Ledger, profile: str) -> Ledger:
@@ -96,7 +57,8 @@ def test_profile_is_caught_with_its_signature_and_nothing_else(
 ) -> None:
     assert "scheduler" in divergence.PROFILES[profile].tiers
     changed, signature = MATRIX[profile]
-    engine = ProfiledEngineTarget(scripted_model_dir, [profile])
+    engine = make_target(f"engine:{scripted_model_dir} --divergence {profile}")
+    assert engine.name == f"engine --divergence {profile}"
     scenarios = {s.id: s for s in load_scenarios([SCENARIOS])}
     results = {}
     try:
