@@ -22,8 +22,9 @@ What runs (one module, servers reused; at most one server up at a time):
   ``max_tokens_clamp`` (``parity.causes``).
 
 ``SHOWS`` is the reviewed answer to "where does each profile change what a client or an
-operator sees": a scenario added to the suite where a profile shows fails this test until the
-table says so. A profile's divergences are the ones the plain engine does not have: where the
+operator sees" in the scenarios this repository ships: each listed scenario must show the
+profile, and the run prints any other that does (none, for the shipped suite); a scenario
+added to ``scenarios/serve`` may show a profile too and is held to the same signature check. A profile's divergences are the ones the plain engine does not have: where the
 plain engine already differs from the oracle by a recorded decision (an upstream crash the
 engine does not mirror: ``seeded-chunked-prefill``), only what the profile adds counts.
 """
@@ -221,7 +222,10 @@ def test_profile_is_caught_with_its_signature_and_nothing_else(
         alone = diverged(matrix.results(profile_target(profile)))
         assert not alone, alone
     found = diverged(results)
-    assert found == SHOWS[profile], (found - SHOWS[profile], SHOWS[profile] - found)
+    assert SHOWS[profile] <= found, SHOWS[profile] - found  # caught everywhere it must show
+    # elsewhere: parity, except where a scenario added to the suite shows the profile too;
+    # the signature check below holds there as well (its class, nothing unrelated)
+    print(f"{profile}: shows in {len(found)} scenarios; beyond the table: {found - SHOWS[profile]}")
     unrelated = [
         (r.scenario_id, path, signature, rule)
         for r in results
