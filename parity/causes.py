@@ -37,8 +37,8 @@ from parity.signatures import (
     request_id_of,
     split_path,
 )
+from parity.signatures.facts import SERVER_ANCHORS
 
-SERVER_ANCHORS = frozenset({"startup", "facts", "models"})
 ACCOUNTED_METRICS = (
     "vllm:num_preemptions_total",
     "vllm:generation_tokens_total",
