@@ -36,10 +36,10 @@ lock:
 
 model: setup $(MODELS)/scripted/model.safetensors $(MODELS)/random/model.safetensors
 
-$(MODELS)/scripted/model.safetensors: $(STAMP) $(wildcard engine/scripted/*.py)
+$(MODELS)/scripted/model.safetensors: $(STAMP) $(wildcard contract/scripted/*.py)
 	$(VENV)/bin/parity model build --variant scripted --out $(MODELS)/scripted
 
-$(MODELS)/random/model.safetensors: $(STAMP) $(wildcard engine/scripted/*.py)
+$(MODELS)/random/model.safetensors: $(STAMP) $(wildcard contract/scripted/*.py)
 	$(VENV)/bin/parity model build --variant random --out $(MODELS)/random
 
 # Debian's headless chromium for the report's browser test (tests/parity/report, -m browser).

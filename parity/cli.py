@@ -45,7 +45,7 @@ DEFAULT_TARGETS = ("engine", "oracle")
 
 
 def _cmd_model_build(args: argparse.Namespace) -> int:
-    from engine.scripted.builder import build
+    from contract.scripted.builder import build
 
     files = build(args.variant, args.out, seed=args.seed)
     for name, digest in sorted(files.items()):

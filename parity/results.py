@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity._codec import JsonMixin
 from parity.serve.run import ServeRun
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.differ import diff_runs
 from parity.errors import TargetStartError
 from parity.expect import check_expect

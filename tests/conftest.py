@@ -22,7 +22,7 @@ def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = MODELS / variant
     if (built / "model.safetensors").exists():
         return built
-    from engine.scripted.builder import build
+    from contract.scripted.builder import build
 
     out = tmp_path_factory.mktemp(f"model-{variant}")
     build(variant, out)
@@ -31,7 +31,7 @@ def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The scripted model folder (greedy output known in advance: engine.scripted.script)."""
+    """The scripted model folder (greedy output known in advance: contract.scripted.script)."""
     return _model_dir("scripted", tmp_path_factory)
 
 

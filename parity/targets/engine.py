@@ -7,7 +7,7 @@ model's config and generation config, and deterministic arrival times (the n-th 
 submitted after ``start`` arrives at ``float(n)``), so priority ties break identically.
 
 Flags (``engine --divergence NAME``, repeatable): the engine's divergence profiles that act at
-this tier (``engine.divergence.PROFILES[name].tiers``): ``abort-unservable`` and
+this tier (``contract.profiles.PROFILES[name].tiers``): ``abort-unservable`` and
 ``legacy-capacity`` (auto-fit counts the null block).
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from contract.trace import StepTrace
 from engine import divergence
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
@@ -30,7 +31,6 @@ from engine.model_config import (
 )
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.trace import StepTrace
 from parity.errors import TargetSpecError, TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets._script import shared_script

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.errors import TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets._script import shared_script

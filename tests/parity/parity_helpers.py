@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios" / "scheduler"

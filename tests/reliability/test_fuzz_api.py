@@ -15,7 +15,7 @@ generation continues. Every answer must be:
   (``exception_handling/register.py``), so Starlette's default handler answers. Checked
   against the pinned server on the scripted model (same status and body for each);
 - for 200: well-formed (JSON with choices, or SSE frames ending in ``data: [DONE]`` whose error
-  frames have the same shape); greedy completions equal ``engine.scripted.script.expected``.
+  frames have the same shape); greedy completions equal ``contract.scripted.script.expected``.
 
 Some valid streams are dropped by their client part-way (``dropped`` family). Afterwards the
 server is alive, ``/health`` answers 200, nothing is running or waiting, the KV cache is empty
