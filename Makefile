@@ -53,7 +53,7 @@ test: setup model chromium
 
 # The default suite, engine vs oracle, both tiers; writes reports/<run-id>/ and reports/latest.
 parity: setup model
-	$(VENV)/bin/parity run scenarios/scheduler scenarios/serve --tier both --report reports
+	$(VENV)/bin/parity run --tier both --report reports
 
 # Engine vs oracle in one run (serve, scheduler tier, harness): reports/bench/<date>/, <= 15 min.
 bench: setup model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Self
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,18 +37,26 @@ class ParityError(Exception):
     """Base class of the harness's user-facing errors."""
 
 
-class ScenarioError(ParityError):
-    """A scenario file that cannot be used; ``str()`` is one ``file:line: message`` per problem."""
+class InputError(ParityError):
+    """An input file that cannot be used; ``str()`` is one ``file:line: message`` per problem."""
 
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
         if not self.problems:
-            raise ValueError("ScenarioError needs at least one problem")
+            raise ValueError(f"{type(self).__name__} needs at least one problem")
         super().__init__("\n".join(str(p) for p in self.problems))
 
     @classmethod
-    def at(cls, file: str, line: int | None, message: str) -> ScenarioError:
+    def at(cls, file: str, line: int | None, message: str) -> Self:
         return cls([Problem(file, line, message)])
+
+
+class ScenarioError(InputError):
+    """A scenario file that cannot be used."""
+
+
+class ProjectError(InputError):
+    """A project file (``parity.toml``) that cannot be used."""
 
 
 class TargetSpecError(ParityError):

@@ -290,6 +290,7 @@ class Verdict(StrEnum):
     KNOWN = "KNOWN"
     NEW = "NEW"
     STALE = "STALE"
+    UNSUPPORTED = "UNSUPPORTED"  # a target of the pair cannot run the scenario: not compared
 
 
 class EntryState(StrEnum):
@@ -318,6 +319,8 @@ class Finding:
 
     def describe(self) -> str:
         pair = f"{self.left_target} vs {self.right_target}"
+        if self.verdict is Verdict.UNSUPPORTED:
+            return f"{self.verdict.value} {self.scenario_id} ({pair}): {self.rule}"
         if self.divergence is None:
             return f"{self.verdict.value:5} {self.scenario_id} ({pair})"
         by = f" [{self.decision} {self.entry_id}]" if self.entry_id else ""
@@ -392,12 +395,25 @@ def classify(
     matched = [0] * len(ledger.entries)
     in_scope = [False] * len(ledger.entries)
     for result in results:
-        targets = tuple(result.targets)
+        targets = tuple(t for t in result.targets if _unsupported(result, t) is None)
         for index, entry in enumerate(ledger.entries):
             # a single-target run compares nothing: no entry can be decided (nor go stale)
             if len(targets) > 1 and entry.match.in_scope(result.scenario_id, result.file, targets):
                 in_scope[index] = True
         for left, right in _pairs(result):
+            reason = _unsupported(result, left) or _unsupported(result, right)
+            if reason is not None:
+                findings.append(
+                    Finding(
+                        result.scenario_id,
+                        result.file,
+                        left,
+                        right,
+                        Verdict.UNSUPPORTED,
+                        rule=reason,
+                    )
+                )
+                continue
             found = [
                 d
                 for d in result.divergences
@@ -478,6 +494,11 @@ def _pairs(result: Any) -> list[tuple[str, str]]:
         if all(pair) and pair not in pairs:
             pairs.append(pair)
     return pairs
+
+
+def _unsupported(result: Any, target: str) -> str | None:
+    """Why ``target`` could not run the result's scenario (a serve-tier placeholder run)."""
+    return getattr(_run(result, target), "unsupported", None)
 
 
 def _run(result: Any, target: str) -> Any:
@@ -705,19 +726,66 @@ def format_ledger(
     return head + (render(table, color=color, width=width) if ledger.entries else "")
 
 
-def format_findings(report: LedgerReport, limit: int = 50, verbose: bool = False) -> str:
+def rule_id(rule: str | None) -> str:
+    """The short name of a signature rule (``M3``, ``C1``, ``F2``...; ``-`` when none)."""
+    if not rule:
+        return "-"
+    head = rule.split(":", 1)[0].strip()
+    return head if len(head) <= 4 and head.replace(" ", "").isalnum() else "-"
+
+
+def format_causes(report: LedgerReport) -> str:
+    """What a run found, one line per cause and target pair: verdict, signature, rule, how
+    many divergences in which scenarios, and the first location; then one line per reason a
+    target could not run scenarios (UNSUPPORTED). A run against an independent server reads
+    as a short list of behaviours; ``-v`` (``format_findings(verbose=True)``) lists every
+    divergence path."""
+    causes: dict[tuple[str, str, str, str, str], list[Finding]] = {}
+    unsupported: dict[tuple[str, str, str], list[str]] = {}
+    for f in report.findings:
+        pair = f"{f.left_target} vs {f.right_target}"
+        if f.verdict is Verdict.UNSUPPORTED:
+            unsupported.setdefault((pair, f.right_target, f.rule or ""), []).append(f.scenario_id)
+        elif f.divergence is not None:
+            key = (pair, f.verdict.value, f.signature or "other", rule_id(f.rule), f.entry_id or "")
+            causes.setdefault(key, []).append(f)
+    lines: list[str] = []
+    for (pair, verdict, signature, rule, entry), found in sorted(
+        causes.items(), key=lambda kv: (kv[0][0], kv[0][1] != "NEW", kv[0][2], kv[0][3])
+    ):
+        scenarios = sorted({f.scenario_id for f in found})
+        first = found[0].divergence
+        named = ", ".join(scenarios[:4]) + (f" +{len(scenarios) - 4}" if len(scenarios) > 4 else "")
+        by = f" [{entry}]" if entry else ""
+        where = first.location if first is not None else ""
+        lines.append(
+            f"{verdict:5} {signature} ({rule}){by}: {len(found)} in {len(scenarios)} "
+            f"scenario(s) {named}; first {found[0].ref} at {where} ({pair})"
+        )
+    for (pair, _target, reason), scenarios in sorted(unsupported.items()):
+        named = ", ".join(scenarios[:4]) + (f" +{len(scenarios) - 4}" if len(scenarios) > 4 else "")
+        lines.append(f"UNSUPPORTED {len(scenarios)} scenario(s) {named}: {reason} ({pair})")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def format_findings(
+    report: LedgerReport, limit: int = 50, verbose: bool = False, paths: bool = True
+) -> str:
     """NEW findings (with a ``parity decide`` hint), STALE entries, a summary line; with
     ``verbose`` the KNOWN findings first."""
     lines: list[str] = []
     if verbose:
         lines += [f.describe() for f in report.findings if f.verdict is Verdict.KNOWN]
     new = [f for f in report.findings if f.verdict is Verdict.NEW]
-    for finding in new[:limit]:
+    for finding in new[:limit] if paths else ():
         lines.append(finding.describe())
         if finding.decision == "mirror":
             lines.append(f"      entry {finding.entry_id} says mirror: this must match upstream")
-    if len(new) > limit:
+    if paths and len(new) > limit:
         lines.append(f"... and {len(new) - limit} more NEW")
+    if new and not paths:
+        refs = sorted({f.ref for f in new if f.ref})
+        lines.append(f"{len(new)} NEW divergences ({len(refs)} refs; -v lists each path)")
     if any(f.decision is None for f in new):
         lines.append(
             "record a decision: parity decide '<ref>' --diverge|--mirror|--bug --reason TEXT"

@@ -37,13 +37,15 @@ def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
 
     A directory means every ``*.yaml`` below it except the decision ledger (``ledger.yaml``),
     hang-reproduction files (``*.repro.yaml``, run by ``parity repro``) and names starting with
-    ``_``; a file named explicitly is always taken.
+    ``_`` (``is_scenario_name``); ``@suite`` names a bundled suite (``parity.catalog``); a file
+    named explicitly is always taken.
     """
+    from parity.catalog import expand_paths
+
     files: list[FsPath] = []
-    for raw in paths:
-        path = FsPath(raw)
+    for path in expand_paths(paths):
         if path.is_dir():
-            found = (p for p in path.rglob("*.yaml") if p.is_file() and _is_scenario_name(p))
+            found = (p for p in path.rglob("*.yaml") if p.is_file() and is_scenario_name(p))
             files.extend(sorted(found))
         elif path.is_file():
             files.append(path)
@@ -52,9 +54,12 @@ def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
     return files
 
 
-def _is_scenario_name(path: FsPath) -> bool:
+def is_scenario_name(path: FsPath) -> bool:
+    """The one collection rule (``parity run`` and ``pytest scenarios/`` alike): a ``*.yaml``
+    that is not the ledger, not a ``parity repro`` file and not named ``_*``."""
     return (
-        path.name not in NOT_SCENARIOS
+        path.suffix == ".yaml"
+        and path.name not in NOT_SCENARIOS
         and not path.name.startswith("_")
         and not path.name.endswith(REPRO_SUFFIX)
     )

@@ -147,6 +147,7 @@ class Status(enum.StrEnum):
     DIVERGENCE = "divergence"
     EXPECT_FAILED = "expect_failed"
     ERROR = "error"  # no target could run the scenario
+    UNSUPPORTED = "unsupported"  # a target lacks what the scenario needs: nothing to compare
 
 
 @dataclass(frozen=True, slots=True)

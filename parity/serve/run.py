@@ -23,6 +23,7 @@ import httpx
 
 from parity._codec import JsonMixin
 from parity.serve.client import observe_request
+from parity.serve.derive import with_text_ids
 from parity.serve.monitor import TargetMonitor
 from parity.serve.observe import (
     HealthSample,
@@ -65,6 +66,15 @@ class ServeRun(JsonMixin):
     # SIGTERM sent while requests were outstanding (a repro's ``sigterm`` leg): ``exited``
     # within the grace period, ``survived`` (SIGKILL needed) or ``gone``; None: not sent
     sigterm: str | None = None
+    # why this target cannot run the scenario (a config key or vLLM extension it lacks): the
+    # run was not made, and nothing of it is compared (UNSUPPORTED, not a divergence)
+    unsupported: str | None = None
+
+    @classmethod
+    def not_supported(cls, target: str, reason: str, limits: ServeLimits) -> ServeRun:
+        """The placeholder run of a target that cannot run the scenario."""
+        record = StartupRecord(target=target, outcome="unsupported", error=reason)
+        return cls(target=target, startup=record, limits=limits, unsupported=reason)
 
     @property
     def outcomes(self) -> dict[str, str]:
@@ -76,6 +86,8 @@ class ServeRun(JsonMixin):
 
     def describe(self) -> str:
         """One line: the startup outcome, or how many requests ended how."""
+        if self.unsupported is not None:
+            return f"unsupported: {self.unsupported}"
         if not self.startup.started:
             return self.startup.describe()
         counts: dict[str, int] = {}
@@ -150,6 +162,7 @@ async def arun_serve(
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
         observations = await _send_all(handle, requests, limits, monitor, facts)
+        observations = [with_text_ids(o, handle.config.model_dir) for o in observations]
         stop.set()
         await asyncio.wait({poller}, timeout=5.0)
         after = await monitor.sample_metrics() if handle.alive() else None
@@ -193,7 +206,7 @@ async def _send_all(
         phase_t0 = time.monotonic()  # at_ms counts from here
         tasks = [
             asyncio.create_task(
-                _copy(client, handle.url, spec, copy_id, gate, model, monitor, limits, phase_t0)
+                _copy(client, handle, spec, copy_id, gate, model, monitor, limits, phase_t0)
             )
             for spec in requests
             for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
@@ -215,7 +228,7 @@ async def _send_all(
 
 async def _copy(
     client: httpx.AsyncClient,
-    url: str,
+    handle: ServerHandle,
     spec: ServeRequestSpec,
     copy_id: str,
     gate: asyncio.Semaphore,
@@ -229,7 +242,14 @@ async def _copy(
         await asyncio.sleep(delay)
     async with gate:
         return await observe_request(
-            client, url, spec, copy_id, model=model, monitor=monitor, limits=limits
+            client,
+            handle.url,
+            spec,
+            copy_id,
+            model=model,
+            monitor=monitor,
+            limits=limits,
+            accepts=lambda key: handle.capabilities.get(key, True),
         )
 
 

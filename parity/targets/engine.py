@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from contract.engine_args import SCHEDULER_ARGS
 from contract.trace import StepTrace
 from engine import divergence
 from engine.config import ConfigError, EngineConfig
@@ -37,19 +38,7 @@ from parity.targets._script import shared_script
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = PROJECT_ROOT / ".cache" / "models" / "scripted"
-ENGINE_CONFIG_KEYS = (
-    "dtype",
-    "block_size",
-    "num_gpu_blocks_override",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "scheduling_policy",
-    "long_prefill_token_threshold",
-    "seed",
-)
+ENGINE_CONFIG_KEYS = SCHEDULER_ARGS
 
 
 @functools.lru_cache(maxsize=8)
