@@ -31,6 +31,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reliability_support import SCALE
 
 from parity import _yaml
 from parity.errors import ScenarioError
@@ -301,9 +302,11 @@ def _check_generated(tmp_path: Path, data: bytes, name: str) -> None:
         _assert_problems(str(outcome), path, _num_lines(data))
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240 * SCALE)
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200 * SCALE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=_mutated(), flow=st.booleans())
 def test_generated_scenarios_load_or_fail_cleanly(
@@ -329,9 +332,11 @@ _FRAGMENTS = st.sampled_from(
 )
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(240 * SCALE)
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200 * SCALE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     raw=st.one_of(
