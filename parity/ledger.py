@@ -45,7 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from parity._yaml import LineMap, line_of, load_with_lines
 from parity.causes import classify_all
-from parity.errors import ParityError, Problem, ScenarioError
+from parity.errors import ParityError, Problem, ScenarioError, brief
+from parity.loader import schema_problems
 from parity.results import Divergence
 from parity.signatures import DIVERGENCE_KINDS, SIGNATURES, Classification, SignatureContext
 
@@ -179,30 +180,16 @@ def parse_ledger(text: str, file: str) -> Ledger:
         return Ledger(file, (), ())
     if not isinstance(data, dict):
         raise LedgerError.at(file, lines.get(()), "a ledger is a mapping with an 'entries' list")
+    payload = {**data, "entries": data.get("entries") or []}
     try:
-        parsed = _LedgerFile.model_validate({**data, "entries": data.get("entries") or []})
+        parsed = _LedgerFile.model_validate(payload)
     except ValidationError as exc:
-        raise LedgerError(_schema_problems(exc, lines, file)) from None
+        raise LedgerError(schema_problems(exc, payload, lines, file, root="ledger")) from None
     entry_lines = tuple(lines.get(("entries", i)) for i in range(len(parsed.entries)))
     problems = _semantic_problems(parsed.entries, lines, file)
     if problems:
         raise LedgerError(problems)
     return Ledger(file, tuple(parsed.entries), entry_lines)
-
-
-def _schema_problems(exc: ValidationError, lines: LineMap, file: str) -> list[Problem]:
-    problems = []
-    for error in exc.errors():
-        loc = tuple(error["loc"])
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-        kind = error["type"]
-        message = {"missing": "missing required key", "extra_forbidden": "unknown key"}.get(
-            kind, str(error["msg"])
-        )
-        if kind not in ("missing", "extra_forbidden"):
-            message += f", got {error.get('input')!r}"
-        problems.append(Problem(file, line_of(lines, loc), f"{where or 'ledger'}: {message}"))
-    return sorted(problems, key=lambda p: p.line or 0)
 
 
 def _semantic_problems(entries: Sequence[LedgerEntry], lines: LineMap, file: str) -> list[Problem]:
@@ -216,7 +203,7 @@ def _semantic_problems(entries: Sequence[LedgerEntry], lines: LineMap, file: str
                 Problem(
                     file,
                     line_of(lines, (*where, "id")),
-                    f"duplicate id {entry.id!r} (first at line {seen[entry.id]})",
+                    f"duplicate id {brief(entry.id)} (first at line {seen[entry.id]})",
                 )
             )
         seen.setdefault(entry.id, line_of(lines, (*where, "id")))
@@ -228,7 +215,7 @@ def _semantic_problems(entries: Sequence[LedgerEntry], lines: LineMap, file: str
                 Problem(
                     file,
                     line_of(lines, (*where, "match", "kind")),
-                    f"entries[{index}].match.kind: unknown {kind!r} (a signature: "
+                    f"entries[{index}].match.kind: unknown {brief(kind)} (a signature: "
                     f"{known}; or a divergence kind: {', '.join(DIVERGENCE_KINDS)})",
                 )
             )
@@ -272,14 +259,14 @@ def parse_ref(ref: str) -> DivergenceRef:
     parts = ref.split(":", 2)
     if len(parts) != 3 or not all(p.strip() for p in parts):
         raise LedgerError.at(
-            "DIVERGENCE_REF", None, f"expected <scenario-id>:<signature>:<path>, got {ref!r}"
+            "DIVERGENCE_REF", None, f"expected <scenario-id>:<signature>:<path>, got {brief(ref)}"
         )
     scenario_id, signature, path = (p.strip() for p in parts)
     if signature not in ("*", *SIGNATURES, *DIVERGENCE_KINDS):
         raise LedgerError.at(
             "DIVERGENCE_REF",
             None,
-            f"unknown signature {signature!r} in {ref!r} ({', '.join(SIGNATURES)})",
+            f"unknown signature {brief(signature)} in {brief(ref)} ({', '.join(SIGNATURES)})",
         )
     return DivergenceRef(scenario_id, signature, path)
 
@@ -602,7 +589,7 @@ def _entry_for(ledger: Ledger, ref: DivergenceRef, entry_id: str | None, target:
                 raise LedgerError.at(
                     ledger.file,
                     ledger.lines[index],
-                    f"entry {entry_id!r} does not cover {ref} (its match: "
+                    f"entry {brief(entry_id)} does not cover {ref} (its match: "
                     f"{match.describe()}); pick another --id",
                 )
             return index

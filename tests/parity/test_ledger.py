@@ -141,6 +141,17 @@ def test_semantic_errors_carry_lines() -> None:
 
 
 @pytest.mark.parametrize(
+    ("key", "named"),
+    [("\xa0", "'\\xa0'"), ('"\\t"', "'\\t'"), ('"\\u200b"', "'\\u200b'"), ('""', "''")],
+)
+def test_unprintable_keys_are_named_with_escapes(key: str, named: str) -> None:
+    text = ledger_text(entry("e1", "s1")).replace(
+        "      scenario: s1\n", f"      scenario: s1\n      {key}: x\n"
+    )
+    assert problems_of(text) == [f"ledger.yaml:6: entries[0].match.{named}: unknown key"]
+
+
+@pytest.mark.parametrize(
     ("text", "fragment"),
     [
         ("entries:\n  - id: e1\n    id: e2\n", "ledger.yaml:3: duplicate key 'id'"),
