@@ -6,23 +6,29 @@ Like Chromium's TestExpectations and wpt-metadata, every run is checked against 
 - each divergence is ``KNOWN`` when the first entry (file order) matching it decides ``diverge``
   or ``bug``, and ``NEW`` when no entry matches or the first match decides ``mirror`` (mirror
   means "we must match upstream", so a divergence under it is a failure, not an excuse);
-- each ``diverge``/``bug`` entry that is *in scope* (its scenario glob, and target glob if any,
-  matched a scenario of this run) but decided no divergence is ``STALE``: the divergence it
-  records no longer shows, so the entry must go (or the run regressed to parity by accident).
-  Entries whose scenarios were not run are ``not run``, never stale. A ``mirror`` entry in
-  scope that matched nothing is ``held`` (parity, as decided); one that matched is ``violated``.
+- each ``diverge``/``bug`` entry that is *in scope* but decided no divergence is ``STALE``: the
+  divergence it records no longer shows, so the entry must go (or the run regressed to parity
+  by accident). In scope means the run compared, in a scenario its scenario glob names, a
+  target pair its ``target`` glob (either target) and its ``pair`` (both targets, in either
+  order) match; an entry with neither covers any pair. Entries out of scope are ``not run``,
+  never stale: an entry recorded for engine vs oracle says nothing about a run of the oracle
+  against an external server. A ``mirror`` entry in scope that matched nothing is ``held``
+  (parity, as decided); one that matched is ``violated``.
 
 Exit code 1 on any NEW or STALE (``LedgerReport.exit_code``). Matching: ``match.scenario`` is a
 glob on the scenario id (on the file path when it contains ``/``), ``match.kind`` a signature
 (``parity.signatures``) or a ``Divergence.kind`` (either may be a list: any item matches),
 ``match.path`` a glob on the divergence path, ``match.target`` a glob on either target of the
-pair. Globs: ``*`` any run of characters (dots included), ``?`` one character, everything else
+pair, ``match.pair`` two globs on the two targets of the pair (the pair a decision was taken
+on: ``[engine, oracle]``). Globs: ``*`` any run of characters (dots included), ``?`` one character, everything else
 literal (``steps[46]`` is literal). A divergence's signature is the one
 ``parity.causes.classify_all`` gives: consequences folded into their root's signature.
 
 A divergence is named by its ref ``<scenario-id>:<signature>:<path>`` (``divergence_ref``);
-``parity decide REF --diverge|--mirror|--bug --reason TEXT`` records a decision for it,
-editing the YAML in place with ruamel.yaml round-trip so comments and order are kept.
+``parity decide REF --diverge|--mirror|--bug --reason TEXT [--pair LEFT RIGHT]`` records a
+decision for it and the pair it was taken on (by default the pair of the ref's finding in
+``reports/last-run.json``, else engine vs oracle), editing the YAML in place with ruamel.yaml
+round-trip so comments and order are kept.
 """
 
 from __future__ import annotations
@@ -74,18 +80,22 @@ class _Strict(BaseModel):
 
 _Glob = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 _Kind = Annotated[str, Field(min_length=1)]
+_Label = Annotated[str, Field(min_length=1)]  # a target label (may hold spaces) or a glob on it
+DEFAULT_PAIR = ("engine", "oracle")  # what ``parity decide`` records when nothing says otherwise
 
 
 class Match(_Strict):
     """Which divergences an entry covers (every key a glob; absent keys match anything).
 
     ``scenario`` and ``kind`` may also be lists (any item matches), e.g. the signatures one
-    decision causes and nothing else."""
+    decision causes and nothing else. ``pair`` (absent: any pair) is two globs matched against
+    the two targets of a pair in either order."""
 
     scenario: _Glob | Annotated[list[_Glob], Field(min_length=1)]
     kind: _Kind | Annotated[list[_Kind], Field(min_length=1)] = "*"
     path: str = Field("*", min_length=1)
     target: str = Field("*", min_length=1)
+    pair: Annotated[list[_Label], Field(min_length=2, max_length=2)] | None = None
 
     @property
     def scenarios(self) -> tuple[str, ...]:
@@ -96,9 +106,10 @@ class Match(_Strict):
         return (self.kind,) if isinstance(self.kind, str) else tuple(self.kind)
 
     def describe(self) -> str:
-        """``scenario / kind / path [@ target]``, lists joined with ``|``."""
+        """``scenario / kind / path [@ target] [for LEFT vs RIGHT]``, lists joined with ``|``."""
         text = f"{'|'.join(self.scenarios)} / {'|'.join(self.kinds)} / {self.path}"
-        return text + ("" if self.target == "*" else f" @ {self.target}")
+        text += "" if self.target == "*" else f" @ {self.target}"
+        return text + ("" if self.pair is None else f" for {' vs '.join(self.pair)}")
 
     def names_scenario(self, scenario_id: str, file: str = "") -> bool:
         """The scenario glob(s) match this scenario (its file path for a glob with ``/``)."""
@@ -111,11 +122,20 @@ class Match(_Strict):
                 return True
         return False
 
-    def in_scope(self, scenario_id: str, file: str, targets: Sequence[str]) -> bool:
-        """The entry applies to this scenario and one of its targets."""
-        if not self.names_scenario(scenario_id, file):
+    def in_scope(self, scenario_id: str, file: str, pair: Sequence[str]) -> bool:
+        """The entry applies to this scenario and this (left, right) target pair."""
+        return self.names_scenario(scenario_id, file) and self.names_pair(pair)
+
+    def names_pair(self, pair: Sequence[str]) -> bool:
+        """``target`` matches either target of ``pair``, and ``pair`` both (either order)."""
+        if self.target != "*" and not any(glob_match(self.target, t) for t in pair):
             return False
-        return any(glob_match(self.target, t) for t in targets) or self.target == "*"
+        if self.pair is None:
+            return True
+        left, right = self.pair
+        return any(
+            glob_match(left, a) and glob_match(right, b) for a, b in (pair, tuple(reversed(pair)))
+        )
 
     def covers(self, divergence: Divergence, signature: str) -> bool:
         """The divergence (already in scope) matches ``kind`` and ``path``."""
@@ -379,12 +399,11 @@ def classify(
     matched = [0] * len(ledger.entries)
     in_scope = [False] * len(ledger.entries)
     for result in results:
-        targets = tuple(result.targets)
+        pairs = _pairs(result)  # none for a single-target run: no entry decided, none stale
         for index, entry in enumerate(ledger.entries):
-            # a single-target run compares nothing: no entry can be decided (nor go stale)
-            if len(targets) > 1 and entry.match.in_scope(result.scenario_id, result.file, targets):
+            if any(entry.match.in_scope(result.scenario_id, result.file, p) for p in pairs):
                 in_scope[index] = True
-        for left, right in _pairs(result):
+        for left, right in pairs:
             found = [
                 d
                 for d in result.divergences
@@ -488,14 +507,16 @@ def decide(
     today: datetime.date | None = None,
     pin: str | None = None,
     target: str | None = None,
+    pair: Sequence[str] | None = None,
 ) -> tuple[str, bool]:
     """Record ``decision`` for the divergence ``ref``; return ``(entry id, created)``.
 
     The entry updated is ``entry_id`` when given (it must cover the ref), else the first entry
     whose match covers the ref (scenario glob on its id, kind ``*`` or the ref's signature,
-    path glob on its path) with the same ``target`` glob (``*`` when not given); otherwise a
-    new entry is appended with ``match: {scenario, kind, path[, target]}`` from the ref.
-    Decision, reason, link (when given), recorded date, pin and target (when given) are
+    path glob on its path) with the same ``target`` glob (``*`` when not given) and the same
+    ``pair`` (in either order; an entry without one takes it); otherwise a new entry is
+    appended with ``match: {scenario, kind, path[, target][, pair]}`` from the ref.
+    Decision, reason, link (when given), recorded date, pin, target and pair (when given) are
     (re)written; everything else in the file is left as it was.
     """
     file = str(ledger_file)
@@ -505,7 +526,8 @@ def decide(
     path = FsPath(ledger_file)
     text = path.read_text(encoding="utf-8") if path.exists() else LEDGER_STUB
     ledger = parse_ledger(text, file)
-    index = _entry_for(ledger, target_ref, entry_id, target or "*")
+    scope = _Scope(target or "*", tuple(pair) if pair is not None else None)
+    index = _entry_for(ledger, target_ref, entry_id, scope)
     has_link = link is not None or index is not None and ledger.entries[index].link is not None
     if decision == "bug" and not has_link:
         raise LedgerError.at(file, None, "a bug needs a link: pass --link URL")
@@ -516,7 +538,7 @@ def decide(
     entries = _entries_node(doc)
     if index is None:
         new_id = entry_id or _fresh_id(ledger, target_ref)
-        node = _new_node(new_id, target_ref, target, values)
+        node = _new_node(new_id, target_ref, scope, values)
         if len(entries) and not entries.fa.flow_style():
             # as text after the last entry, so comments trailing the list stay at the end
             out = _insert_after_last_content(
@@ -528,7 +550,7 @@ def decide(
             out = _dump(yaml, doc)
     else:
         new_id = str(entries[index]["id"])
-        _update_node(entries[index], target, values)
+        _update_node(entries[index], scope, values)
         out = _dump(yaml, doc)
     parse_ledger(out, file)  # never write a ledger that does not load back
     _write_atomic(path, out)
@@ -546,20 +568,46 @@ def _entries_node(doc: Any) -> Any:
     return doc["entries"]
 
 
-def _new_node(entry_id: str, ref: DivergenceRef, target: str | None, values: dict[str, Any]) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """The target glob and the pair a decision is recorded for (``*`` / None: any)."""
+
+    target: str
+    pair: tuple[str, ...] | None
+
+    def fits(self, match: Match) -> bool:
+        """An entry with this ``match`` is the one to update (an entry without a pair fits)."""
+        if match.target != self.target:
+            return False
+        return self.pair is None or match.pair is None or sorted(match.pair) == sorted(self.pair)
+
+    def write(self, match: Any) -> None:
+        """Set the target and pair keys of a ruamel ``match`` node."""
+        from ruamel.yaml.comments import CommentedSeq
+
+        if self.target != "*":
+            match["target"] = self.target
+        if self.pair is not None and sorted(match.get("pair") or ()) != sorted(self.pair):
+            pair = CommentedSeq(self.pair)  # an equal pair in another order is left as written
+            pair.fa.set_flow_style()
+            match["pair"] = pair
+
+
+def _new_node(entry_id: str, ref: DivergenceRef, scope: _Scope, values: dict[str, Any]) -> Any:
     from ruamel.yaml.comments import CommentedMap
 
     node = CommentedMap()
     node["id"] = entry_id
     match = [("scenario", ref.scenario_id), ("kind", ref.signature), ("path", ref.path)]
-    node["match"] = CommentedMap(match + ([("target", target)] if target is not None else []))
+    node["match"] = CommentedMap(match)
+    scope.write(node["match"])
     for key in _ENTRY_KEYS:
         if values.get(key) is not None:
             node[key] = values[key]
     return node
 
 
-def _update_node(node: Any, target: str | None, values: dict[str, Any]) -> None:
+def _update_node(node: Any, scope: _Scope, values: dict[str, Any]) -> None:
     """Rewrite the decision keys in place; a key the entry lacks goes in its usual place."""
     for key in _ENTRY_KEYS:
         if values.get(key) is None:
@@ -570,11 +618,12 @@ def _update_node(node: Any, target: str | None, values: dict[str, Any]) -> None:
             later = [k for k in _ENTRY_KEYS[_ENTRY_KEYS.index(key) + 1 :] if k in node]
             position = list(node).index(later[0]) if later else len(node)
             node.insert(position, key, values[key])
-    if target is not None:
-        node["match"]["target"] = target
+    scope.write(node["match"])
 
 
-def _entry_for(ledger: Ledger, ref: DivergenceRef, entry_id: str | None, target: str) -> int | None:
+def _entry_for(
+    ledger: Ledger, ref: DivergenceRef, entry_id: str | None, scope: _Scope
+) -> int | None:
     for index, entry in enumerate(ledger.entries):
         if entry_id is not None and entry.id != entry_id:
             continue
@@ -593,7 +642,7 @@ def _entry_for(ledger: Ledger, ref: DivergenceRef, entry_id: str | None, target:
                     f"{match.describe()}); pick another --id",
                 )
             return index
-        if covers and match.target == target:
+        if covers and scope.fits(match):
             return index
     return None
 
@@ -741,6 +790,16 @@ def add_ledger_commands(subparsers: Any) -> None:
     decide_p.add_argument(
         "--target", help="only for target pairs matching this glob, e.g. '*legacy-capacity*'"
     )
+    decide_p.add_argument(
+        "--pair",
+        nargs=2,
+        metavar=("LEFT", "RIGHT"),
+        help="the target pair decided on (default: the ref's finding in --last, else "
+        "engine oracle; none with --target)",
+    )
+    decide_p.add_argument(
+        "--last", help=f"a 'parity run --json' file (default: {DEFAULT_LAST} when present)"
+    )
     decide_p.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"default: {DEFAULT_LEDGER}")
     decide_p.set_defaults(func=cmd_decide)
 
@@ -760,6 +819,11 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
+    pair = tuple(args.pair) if args.pair else None
+    if pair is None and args.target is None:
+        last = args.last or (DEFAULT_LAST if FsPath(DEFAULT_LAST).exists() else None)
+        pair = finding_pair(args.ref, last, args.ledger) if last else None
+        pair = pair or DEFAULT_PAIR
     entry_id, created = decide(
         args.ledger,
         args.ref,
@@ -768,10 +832,38 @@ def cmd_decide(args: argparse.Namespace) -> int:
         link=args.link,
         entry_id=args.entry_id,
         target=args.target,
+        pair=pair,
     )
     verb = "added" if created else "updated"
-    sys.stdout.write(f"{verb} entry {entry_id} ({args.decision}) in {args.ledger}\n")
+    scope = f" for {' vs '.join(pair)}" if pair else ""
+    sys.stdout.write(f"{verb} entry {entry_id} ({args.decision}){scope} in {args.ledger}\n")
     return 0
+
+
+def finding_pair(ref: str, last: str | FsPath, ledger_file: str | FsPath) -> tuple[str, str] | None:
+    """The target pair of the findings of run file ``last`` that ``ref`` names (its globs
+    matched as ``decide`` records them), or None when it names none; a ``LedgerError`` when
+    it names findings of more than one pair (``--pair`` must choose)."""
+    wanted = parse_ref(ref)
+    results = load_results(last)
+    report = classify(
+        results, load_ledger(ledger_file, missing_ok=True), load_scenarios_for(results)
+    )
+    pairs: list[tuple[str, str]] = []
+    for finding in report.findings:
+        divergence = finding.divergence
+        if divergence is None or not glob_match(wanted.scenario_id, finding.scenario_id):
+            continue
+        kind_ok = wanted.signature in ("*", finding.signature, divergence.kind)
+        pair = (finding.left_target, finding.right_target)
+        if kind_ok and glob_match(wanted.path, divergence.path) and pair not in pairs:
+            pairs.append(pair)
+    if len(pairs) > 1:
+        named = "; ".join(" vs ".join(p) for p in pairs)
+        raise LedgerError.at(
+            str(last), None, f"{ref} names findings of several pairs ({named}): pass --pair"
+        )
+    return pairs[0] if pairs else None
 
 
 def load_results(path: str | FsPath) -> list[Any]:
