@@ -48,8 +48,9 @@ CHROMIUM := /usr/bin/chromium
 chromium:
 	@test -x $(CHROMIUM) || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
+# Property tests under the derandomized ci profile (tests/conftest.py): the same examples every run.
 test: setup model chromium
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The default suite, engine vs oracle, both tiers; writes reports/<run-id>/ and reports/latest.
 parity: setup model
@@ -59,7 +60,8 @@ parity: setup model
 bench: setup model
 	$(PY) -m parity.bench
 
-# The reliability and differential suites 10x longer (on demand, not in CI).
+# The reliability and differential suites 10x longer, with fresh random examples (the deep
+# profile); on demand, not in CI.
 soak: setup model
 	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability tests/parity/test_differential.py
 

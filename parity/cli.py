@@ -9,6 +9,7 @@ input, 3 a target failed to start when it should have).
     parity trace SCENARIO --target T [--json]
     parity ledger [--last RESULTS.json]
     parity decide DIVERGENCE_REF --diverge|--mirror|--bug --reason TEXT [--link URL]
+                  [--target GLOB] [--pair LEFT RIGHT] [--last RESULTS.json]
     parity schema
     parity model build --variant scripted --out DIR
 

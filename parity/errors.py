@@ -6,6 +6,7 @@ for bad input, 3 for a target that failed to start).
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Self
@@ -31,6 +32,36 @@ _ONE_LINE = {
     for code in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)
     if chr(code) != "\t"
 }
+
+
+def _brief_repr() -> reprlib.Repr:
+    brief = reprlib.Repr()
+    brief.maxstring = brief.maxother = MAX_SHOWN
+    brief.maxlong = MAX_SHOWN // 2
+    brief.maxlist = brief.maxtuple = brief.maxdict = brief.maxset = 6
+    brief.maxlevel = 3
+    return brief
+
+
+MAX_SHOWN = 80  # characters of a key or value a message quotes before eliding the middle
+_BRIEF = _brief_repr()
+
+
+def brief(value: object) -> str:
+    """``repr(value)`` with long strings, numbers and collections elided (``...``), so a
+    message that quotes a value stays one readable line whatever the file holds."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= 3 * MAX_SHOWN else text[: 3 * MAX_SHOWN - 3] + "..."
+
+
+def shown(text: str) -> str:
+    """``text`` as it is when every character of it shows (printable, with plain spaces only
+    between other characters) and it is short, else quoted with escapes (``brief``): a key
+    named in a message never prints as nothing (``'\\xa0'``, ``'\\t'``, ``'\\u200b'``,
+    ``''``) nor as a screenful."""
+    if text and len(text) <= MAX_SHOWN and text.isprintable() and text.strip(" ") == text:
+        return text
+    return brief(text)
 
 
 class ParityError(Exception):

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from parity._yaml import LineMap, Path, line_of, load_with_lines
-from parity.errors import Problem, ScenarioError
+from parity._yaml import LineMap, Path, dotted, line_of, load_with_lines
+from parity.errors import Problem, ScenarioError, brief
 from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
 
 SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
@@ -139,7 +139,7 @@ def schema_problems(
     for path, messages in merged.items():
         text = "; or ".join(messages)
         if len(messages) > 1 or "got" not in text and _shows_input(messages[0]):
-            text += f", got {inputs[path]!r}"
+            text += f", got {brief(inputs[path])}"
         where = dotted(path) or root
         problems.append(Problem(file, line_of(lines, path), f"{where}: {text}"))
     problems.sort(key=lambda p: (p.line or 0, p.message))
@@ -176,27 +176,16 @@ def _data_path(data: Any, loc: Sequence[Any], missing: bool) -> Path:
     return tuple(path)
 
 
-def dotted(path: Path) -> str:
-    """``("requests", 0, "max_tokens")`` -> ``requests[0].max_tokens``."""
-    text = ""
-    for element in path:
-        if isinstance(element, int):
-            text += f"[{element}]"
-        else:
-            text += f".{element}" if text else str(element)
-    return text
-
-
 def _semantic(scenario: Scenario, stem: str | None) -> list[tuple[Path, str]]:
     """Checks the schema cannot express, each with the path of the offending key."""
     found: list[tuple[Path, str]] = []
     if stem is not None and scenario.id != stem:
-        found.append((("id",), f"{scenario.id!r} must equal the file name {stem!r}"))
+        found.append((("id",), f"{brief(scenario.id)} must equal the file name {brief(stem)}"))
     ids: dict[str, int] = {}
     for index, request in enumerate(scenario.requests):
         where: Path = ("requests", index)
         if request.id in ids:
-            found.append(((*where, "id"), f"duplicate request id {request.id!r}"))
+            found.append(((*where, "id"), f"duplicate request id {brief(request.id)}"))
         ids.setdefault(request.id, index)
         forms = [k for k in ("prompt_token_ids", "prompt", "messages") if getattr(request, k)]
         if len(forms) != 1:
@@ -255,7 +244,7 @@ def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
     ):
         for request_id in getattr(expect, key):
             if request_id not in ids:
-                found.append((("expect", key, request_id), f"unknown request {request_id!r}"))
+                found.append((("expect", key, request_id), f"unknown request {brief(request_id)}"))
     for step in expect.steps:
         if step > scenario.limits.max_steps:
             found.append((("expect", "steps", step), f"step {step} is beyond limits.max_steps"))

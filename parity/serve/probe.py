@@ -22,6 +22,7 @@ import httpx
 from parity.targets.defs import CAPABILITIES
 
 PROBE_TIMEOUT_S = 30.0
+PROBE_ATTEMPTS = 3
 # field -> (endpoint, neutral value): the value changes nothing about the one-token answer
 FIELD_PROBES: dict[str, tuple[str, Any]] = {
     "return_token_ids": ("completions", True),
@@ -59,11 +60,20 @@ def probe(url: str, model: str, names: list[str]) -> dict[str, bool]:
     with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
         served = _served_model(client, url) or model
         for name in names:
-            try:
-                found[name] = _accepts(client, url, served, name)
-            except httpx.HTTPError:
-                found[name] = False
+            found[name] = _probe_one(client, url, served, name)
     return found
+
+
+def _probe_one(client: httpx.Client, url: str, model: str, name: str) -> bool:
+    """One capability; a transport error (a busy machine) is retried, never read as "no"
+    until the last attempt."""
+    for attempt in range(PROBE_ATTEMPTS):
+        try:
+            return _accepts(client, url, model, name)
+        except httpx.HTTPError:
+            if attempt == PROBE_ATTEMPTS - 1:
+                return False
+    return False
 
 
 def _accepts(client: httpx.Client, url: str, model: str, name: str) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -69,6 +69,8 @@ class ServeRun(JsonMixin):
     # why this target cannot run the scenario (a config key or vLLM extension it lacks): the
     # run was not made, and nothing of it is compared (UNSUPPORTED, not a divergence)
     unsupported: str | None = None
+    # what the server accepts (declared, or probed once: parity.serve.probe)
+    capabilities: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def not_supported(cls, target: str, reason: str, limits: ServeLimits) -> ServeRun:
@@ -184,6 +186,7 @@ async def arun_serve(
         elapsed_s=round(time.monotonic() - began, 3),
         server_alive_after=handle.alive(),
         log_tail=handle.log_tail(LOG_TAIL_BYTES) if troubled else "",
+        capabilities=dict(handle.capabilities),
     )
 
 

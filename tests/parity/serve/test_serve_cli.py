@@ -16,6 +16,7 @@ from serve_support import fake_target
 from parity.cli import EXIT_BAD_INPUT, EXIT_DIVERGENCE, EXIT_OK, EXIT_TARGET_FAILED, main
 from parity.ledger import load_ledger
 from parity.results import RunReport
+from parity.serve.targets import parse_targets
 
 pytestmark = pytest.mark.server
 
@@ -65,7 +66,8 @@ def test_ledger_acceptance_new_known_deleted_stale(
 
     reason = ["--reason", "the fake advertises 77"]
     assert main(["decide", ref, "--diverge", *reason, "--ledger", str(ledger)]) == EXIT_OK
-    capsys.readouterr()
+    pair = [t.label for t in parse_targets([FAKE, FAKE_77])]  # how runs name them (#2: twins)
+    assert f"for {pair[0]} vs {pair[1]} in" in capsys.readouterr().out  # last-run.json's pair
     assert cli(*run) == EXIT_OK
     assert "ledger: 0 pass, 1 known, 0 new, 0 stale" in capsys.readouterr().out
     report = json.loads((tmp_path / "reports" / "last-run.json").read_text())["ledger"]
@@ -76,9 +78,9 @@ def test_ledger_acceptance_new_known_deleted_stale(
     assert cli(*run, "-v") == EXIT_DIVERGENCE
     assert "NEW   fake-models:other:facts.max_model_len" in capsys.readouterr().out
 
-    ledger.write_text(decided)  # plus a bogus entry for the same scenario: STALE
-    bogus = "fake-models:capacity_overhang:startup"
-    assert main(["decide", bogus, "--diverge", "--reason", "bogus", "--ledger", str(ledger)]) == 0
+    ledger.write_text(decided)  # plus a bogus entry for the same scenario and pair: STALE
+    bogus = ["fake-models:capacity_overhang:startup", "--diverge", "--reason", "bogus"]
+    assert main(["decide", *bogus, "--ledger", str(ledger), "--pair", *pair]) == 0
     capsys.readouterr()
     assert cli(*run) == EXIT_DIVERGENCE
     out = capsys.readouterr().out
