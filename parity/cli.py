@@ -12,6 +12,7 @@ input, 3 a target failed to start when it should have).
                   [--target GLOB] [--pair LEFT RIGHT] [--last RESULTS.json]
     parity schema
     parity model build --variant scripted --out DIR
+    parity model export --format gguf --variant scripted --out FILE [--dtype f32|bf16]
 
 Every ``parity run`` classifies its divergences against the decision ledger
 (``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
@@ -79,6 +80,17 @@ def _ledger_of(args: argparse.Namespace, project: Any) -> Any:
     if project.ledger is not None:
         return load_ledger(project.ledger)
     return Ledger("(no ledger)", (), ())
+
+
+def _cmd_model_export(args: argparse.Namespace) -> int:
+    from contract.scripted.gguf import ExportError, export
+
+    try:
+        digest = export(args.out, variant=args.variant, dtype=args.dtype)
+    except (ExportError, OSError) as exc:
+        raise ParityError(f"parity model export: {exc}") from None
+    print(f"{digest}  {args.out}")
+    return EXIT_OK
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -334,6 +346,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build_p.add_argument("--seed", type=int, default=0, help="random variant seed")
     build_p.set_defaults(func=_cmd_model_build)
+    export_p = model_sub.add_parser(
+        "export", help="export a model as one file for another runtime (deterministic)"
+    )
+    export_p.add_argument("--format", choices=["gguf"], required=True, help="llama.cpp's GGUF v3")
+    export_p.add_argument("--variant", choices=["scripted"], required=True)
+    export_p.add_argument("--out", required=True, help="output file")
+    export_p.add_argument(
+        "--dtype", choices=["f32", "bf16"], default="f32", help="matrix type (norms stay f32)"
+    )
+    export_p.set_defaults(func=_cmd_model_export)
 
     run = sub.add_parser("run", help="run scenarios on two targets and compare them")
     run.add_argument(

@@ -32,13 +32,14 @@ def ensure_model(folder: Path) -> Path:
 
 
 def ensure_gguf(folder: Path) -> Path:
-    """The GGUF file of a model folder (``<folder>/model.gguf``), exported on first use."""
+    """The GGUF file of a named model folder (``<folder>/model.gguf``), exported on first use
+    (``contract.scripted.gguf``: the scripted variant; float32)."""
     target = folder / GGUF_NAME
     if target.is_file():
         return target
     with _LOCK:
         if not target.is_file():
-            from contract.scripted.gguf import export  # type: ignore[import-not-found]
+            from contract.scripted.gguf import export
 
-            export(ensure_model(folder), target)
+            export(target, variant=ensure_model(folder).name)
     return target
