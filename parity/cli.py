@@ -186,7 +186,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         folder = _write_report(report, ledger_report, args.report, traces)
         sys.stdout.write(f"report: {folder / 'index.html'}\n")
-    return _exit_code(results, ledger_report, startup_failed)
+    code = _exit_code(results, ledger_report, startup_failed)
+    if code == EXIT_OK and args.strict and any(getattr(r, "flaky", False) for r in results):
+        return EXIT_DIVERGENCE  # --strict: a timing difference that did not reproduce fails too
+    return code
 
 
 def _run_scheduler(
@@ -216,6 +219,8 @@ def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool
 
     if getattr(result, "expect_failures", ()) or getattr(result, "status", None) == "error":
         return True
+    if getattr(result, "attempts", ()):
+        return True  # a rerun: both observations are shown
     if not verbose:
         return False
     return any(
@@ -389,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also list every divergence by path (the summary groups them by cause)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress display")
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on FLAKY results too (a one-sided stall or timing difference that did "
+        "not reproduce when the scenario ran again on fresh servers)",
+    )
     run.set_defaults(func=_cmd_run)
 
     trace = sub.add_parser("trace", help="run one scenario on one target, print every step")

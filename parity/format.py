@@ -21,6 +21,7 @@ _STATUS_STYLE = {
     Status.DIVERGENCE: "red",
     Status.EXPECT_FAILED: "red",
     Status.ERROR: "yellow",
+    Status.UNSUPPORTED: "blue",
 }
 
 
@@ -92,10 +93,24 @@ def format_run_table(
     return render(table, color=color, width=width)
 
 
-_VERDICT_STYLE = {"PASS": "green", "KNOWN": "yellow", "NEW": "red", "FAILED": "red"}
+_VERDICT_STYLE = {
+    "PASS": "green",
+    "KNOWN": "yellow",
+    "NEW": "red",
+    "FAILED": "red",
+    "FLAKY": "magenta",
+    "UNSUPPORTED": "blue",
+}
 
 
 def _ledger_status(result: ScenarioResult, ledger: Any) -> str:
+    status = _worst_status(result, ledger)
+    if result.flaky and status in ("PASS", "KNOWN"):
+        return "FLAKY"
+    return status
+
+
+def _worst_status(result: ScenarioResult, ledger: Any) -> str:
     if result.status is Status.ERROR:
         return "ERROR"
     if result.expect_failures:
@@ -122,9 +137,15 @@ def format_details(
     expect failure of the failing scenarios (``file:line`` first)."""
     lines: list[str] = []
     for result in results:
-        if result.ok:
+        if result.ok and not result.attempts:
             continue
         lines.append(f"{result.scenario_id} ({result.file}): {result.verdict}")
+        for attempt in getattr(result, "attempts", ()):
+            load = attempt.load.describe() if attempt.load is not None else "load not recorded"
+            lines.append(f"  first attempt ({load}):")
+            lines += [f"    {text}" for text in attempt.suspects]
+            lines += [f"    {run.target}: {run.describe()}" for run in attempt.runs]
+            lines.append("  again on fresh servers:")
         for run in result.runs:
             lines.append(f"  {run.target}: {run.describe()}")
         shown = [d.describe() for d in result.divergences] if divergences else []

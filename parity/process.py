@@ -133,6 +133,8 @@ class ManagedProcess:
         sufficed = True
         if not already:
             _signal_group(self.proc.pid, signal.SIGTERM)
+            # a paused (SIGSTOPped) member only acts on SIGTERM once it runs again
+            _signal_group(self.proc.pid, signal.SIGCONT)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

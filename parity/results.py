@@ -23,6 +23,7 @@ from typing import Any
 
 from contract.trace import StepTrace
 from parity._codec import JsonMixin
+from parity.machine import LoadSample
 from parity.serve.run import ServeRun
 
 OUTCOMES = ("finished", "wedged", "unfinished", "crashed")
@@ -151,6 +152,18 @@ class Status(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Attempt(JsonMixin):
+    """An earlier attempt at a scenario, kept as evidence: its one-sided timing differences
+    (``suspects``) made the harness run it again on freshly started servers."""
+
+    runs: tuple[ServeRun, ...]
+    divergences: tuple[Divergence, ...] = ()
+    expect_failures: tuple[ExpectFailure, ...] = ()
+    suspects: tuple[str, ...] = ()
+    load: LoadSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ScenarioResult(JsonMixin):
     """The verdict for one scenario on a set of targets."""
 
@@ -164,6 +177,9 @@ class ScenarioResult(JsonMixin):
     divergences: tuple[Divergence, ...] = ()
     expect_failures: tuple[ExpectFailure, ...] = ()
     elapsed_s: float = 0.0
+    # earlier attempts (evidence of a rerun on fresh servers: parity.serve.suite.confirmed)
+    attempts: tuple[Attempt, ...] = ()
+    flaky: bool = False  # the first attempt's timing differences did not reproduce
 
     @property
     def ok(self) -> bool:

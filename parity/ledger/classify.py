@@ -59,6 +59,7 @@ class Verdict(StrEnum):
     NEW = "NEW"
     STALE = "STALE"
     UNSUPPORTED = "UNSUPPORTED"  # a target of the pair cannot run the scenario: not compared
+    FLAKY = "FLAKY"  # a timing difference that did not reproduce on fresh servers
 
 
 class EntryState(StrEnum):
@@ -87,7 +88,7 @@ class Finding:
 
     def describe(self) -> str:
         pair = f"{self.left_target} vs {self.right_target}"
-        if self.verdict is Verdict.UNSUPPORTED:
+        if self.verdict in (Verdict.UNSUPPORTED, Verdict.FLAKY):
             return f"{self.verdict.value} {self.scenario_id} ({pair}): {self.rule}"
         if self.divergence is None:
             return f"{self.verdict.value:5} {self.scenario_id} ({pair})"
@@ -177,6 +178,13 @@ def classify(
                 )
             )
         pairs = [p for p in pairs if lacking[p] is None]  # nothing compared: nothing in scope
+        if getattr(result, "flaky", False):
+            first = result.attempts[0]
+            why = f"{first.suspects[0]} (first attempt, {_load(first)}); not on fresh servers"
+            for left, right in pairs[:1]:
+                findings.append(
+                    Finding(result.scenario_id, result.file, left, right, Verdict.FLAKY, rule=why)
+                )
         for index, entry in enumerate(ledger.entries):
             if any(entry.match.in_scope(result.scenario_id, result.file, p) for p in pairs):
                 in_scope[index] = True
@@ -261,6 +269,11 @@ def _pairs(result: Any) -> list[tuple[str, str]]:
         if all(pair) and pair not in pairs:
             pairs.append(pair)
     return pairs
+
+
+def _load(attempt: Any) -> str:
+    load = getattr(attempt, "load", None)
+    return load.describe() if load is not None else "load not recorded"
 
 
 def _unsupported(result: Any, target: str) -> str | None:

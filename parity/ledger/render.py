@@ -62,9 +62,12 @@ def format_causes(report: LedgerReport) -> str:
     divergence path."""
     causes: dict[tuple[str, str, str, str, str], list[Finding]] = {}
     unsupported: dict[tuple[str, str, str], list[str]] = {}
+    flaky: list[str] = []
     for f in report.findings:
         pair = f"{f.left_target} vs {f.right_target}"
-        if f.verdict is Verdict.UNSUPPORTED:
+        if f.verdict is Verdict.FLAKY:
+            flaky.append(f"FLAKY {f.scenario_id}: {f.rule} ({pair})")
+        elif f.verdict is Verdict.UNSUPPORTED:
             unsupported.setdefault((pair, f.right_target, f.rule or ""), []).append(f.scenario_id)
         elif f.divergence is not None:
             key = (pair, f.verdict.value, f.signature or "other", rule_id(f.rule), f.entry_id or "")
@@ -85,6 +88,7 @@ def format_causes(report: LedgerReport) -> str:
     for (pair, _target, reason), scenarios in sorted(unsupported.items()):
         named = ", ".join(scenarios[:4]) + (f" +{len(scenarios) - 4}" if len(scenarios) > 4 else "")
         lines.append(f"UNSUPPORTED {len(scenarios)} scenario(s) {named}: {reason} ({pair})")
+    lines += flaky
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -13,7 +13,7 @@ table.summary th{background:#f3f4f6;position:sticky;top:0}
 table.summary tr{border-bottom:1px solid #e5e7eb}td.num{text-align:right}
 td.verdict{color:#4b5563;max-width:520px}table.kv th{color:#4b5563;font-weight:500}
 .badge{display:inline-block;border-radius:4px;padding:0 6px;font-size:12px;font-weight:700;
-color:#fff;background:#6b7280}.badge.PASS{background:#16a34a}.badge.KNOWN{background:#ca8a04}
+color:#fff;background:#6b7280}.badge.PASS{background:#16a34a}.badge.KNOWN{background:#ca8a04}.badge.FLAKY{background:#9333ea}.badge.UNSUPPORTED{background:#64748b}
 .badge.NEW{background:#dc2626}.badge.STALE{background:#7c3aed}
 .filters button{margin-right:6px;border:1px solid #d1d5db;background:#fff;border-radius:4px;
 padding:2px 8px;cursor:pointer}.filters button.on{background:#e0e7ff}

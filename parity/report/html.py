@@ -17,7 +17,7 @@ from html import escape
 from typing import Any
 
 from parity.report.assets import CSS, JS
-from parity.report.model import FindingView, ReportData, ScenarioReport
+from parity.report.model import VERDICT_ORDER, FindingView, ReportData, ScenarioReport
 from parity.report.svg import render_step_chart, render_timeline, target_color
 from parity.results import RunSummary
 from parity.serve.observe import STALL_OUTCOMES
@@ -101,7 +101,7 @@ def _summary(data: ReportData) -> str:
     c = data.counts
     buttons = "".join(
         f'<button type="button" data-filter="{v}">{_badge(v)} {c.get(v, 0)}</button>'
-        for v in ("NEW", "STALE", "KNOWN", "PASS")
+        for v in VERDICT_ORDER
     )
     rows = []
     for i, s in enumerate(data.scenarios):
@@ -113,7 +113,8 @@ def _summary(data: ReportData) -> str:
                 f'<tr data-verdict="{_e(p.verdict)}"><td><a href="#{anchor(i, r.scenario_id)}">'
                 f"{_e(r.scenario_id)}</a></td><td>{_e(r.tier)}</td><td>{_e(p.name)}</td>"
                 f"<td>{_badge(p.verdict)}</td><td class=num>{new}</td><td class=num>{known}</td>"
-                f"<td>{_e(', '.join(p.stale))}</td><td class=verdict>{_e(r.verdict)}</td></tr>"
+                f"<td>{_e(', '.join(p.stale))}</td>"
+                f"<td class=verdict>{_e(p.note or r.verdict)}</td></tr>"
             )
         if not s.pairs:
             rows.append(
@@ -134,6 +135,25 @@ def _summary(data: ReportData) -> str:
     )
 
 
+def _attempts(s: ScenarioReport) -> str:
+    """The earlier attempts of a rerun scenario: what looked like a timing difference, the load
+    at the time, and what each target did then (the charts below are the rerun's)."""
+    items = []
+    for attempt in s.result.attempts:
+        load = attempt.load.describe() if attempt.load is not None else "load not recorded"
+        runs = "".join(
+            f"<li><b>{_e(run.target)}</b>: {_e(_serve_line(run))}</li>" for run in attempt.runs
+        )
+        suspects = "".join(f"<li><code>{_e(text)}</code></li>" for text in attempt.suspects)
+        items.append(
+            f"<div class=attempt><p>{_badge('FLAKY' if s.result.flaky else 'NEW')} first attempt "
+            f"({_e(load)}): a timing difference, so the scenario ran again on freshly started "
+            f"servers{'' if s.result.flaky else ', where it reproduced'}.</p>"
+            f"<ul>{suspects}</ul><ul class=runs>{runs}</ul></div>"
+        )
+    return "".join(items)
+
+
 def _stale(data: ReportData) -> str:
     stale = data.stale_entries
     if not stale:
@@ -149,9 +169,7 @@ def _stale(data: ReportData) -> str:
 
 def _scenario(index: int, s: ScenarioReport) -> str:
     r = s.result
-    worst = next(
-        (v for v in ("NEW", "STALE", "KNOWN") if any(p.verdict == v for p in s.pairs)), "PASS"
-    )
+    worst = next((v for v in VERDICT_ORDER if any(p.verdict == v for p in s.pairs)), "PASS")
     if s.timeline_runs:
         runs = "".join(
             f"<li><b>{_e(run.target)}</b>: {_e(_serve_line(run))}</li>" for run in s.timeline_runs
@@ -168,6 +186,7 @@ def _scenario(index: int, s: ScenarioReport) -> str:
         f'<p class="loc"><code>{_e(r.file)}</code> · tier {_e(r.tier)} · {_e(r.status.value)}: '
         f"{_e(r.verdict)} · {r.elapsed_s:.1f} s</p><ul class=runs>{runs}</ul>",
         _banners(s),
+        _attempts(s),
     ]
     if s.timeline_runs:
         legend = " ".join(

@@ -27,7 +27,9 @@ from parity.results import Divergence, RunReport, ScenarioResult, TargetRun
 from parity.serve.run import ServeRun
 
 SCHEMA_VERSION = 1
-VERDICT_ORDER = ("NEW", "STALE", "KNOWN", "PASS")  # worst first
+# worst first; FLAKY: passed on fresh servers after a timing difference (with --strict a
+# failure), UNSUPPORTED: a target could not run it (never a failure)
+VERDICT_ORDER = ("NEW", "STALE", "FLAKY", "KNOWN", "PASS", "UNSUPPORTED")
 
 
 class ReportSchemaError(ParityError):
@@ -72,6 +74,7 @@ class PairReport(JsonMixin):
     verdict: str  # one of VERDICT_ORDER
     findings: tuple[FindingView, ...] = ()
     stale: tuple[str, ...] = ()  # ids of STALE entries in scope for this pair
+    note: str | None = None  # why UNSUPPORTED, or what was FLAKY
 
     @property
     def name(self) -> str:
@@ -265,13 +268,18 @@ def _pairs(
             for f in found
             if f.verdict is not Verdict.PASS and f.divergence
         )
+        notes = [f for f in found if f.verdict in (Verdict.UNSUPPORTED, Verdict.FLAKY)]
         stale = tuple(
             e.id
             for e in entries.values()
             if e.state == "stale"
             and Match(**e.match).in_scope(result.scenario_id, result.file, (left, right))
         )
-        out.append(PairReport(left, right, _pair_verdict(views, stale), views, stale))
+        verdict = _pair_verdict(views, stale)
+        note = notes[0].rule if notes else None
+        if notes and (notes[0].verdict is Verdict.UNSUPPORTED or verdict in ("KNOWN", "PASS")):
+            verdict = notes[0].verdict.value
+        out.append(PairReport(left, right, verdict, views, stale, note))
     return tuple(out)
 
 

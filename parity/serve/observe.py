@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from parity._codec import JsonMixin
+from parity.machine import LoadSample
 
 OUTCOMES = (
     "completed",
@@ -160,6 +161,7 @@ class StallEvidence(JsonMixin):
     health: HealthSample | None
     metrics: MetricsSnapshot | None
     server_alive: bool
+    load: LoadSample | None = None  # the machine's load at the verdict
 
 
 @dataclass(frozen=True, slots=True)

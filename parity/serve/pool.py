@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 
 from parity._codec import JsonMixin
+from parity.machine import LoadSample, load_now
 from parity.process import (
     ManagedProcess,
     StartupError,
@@ -74,6 +75,7 @@ class StartupRecord(JsonMixin):
     # the harness's own keys this target was given (served_model_name, dtype, ...): a fact
     # the other target was not asked to match is not compared (parity.serve.differ)
     took: tuple[str, ...] = ()
+    load: LoadSample | None = None  # the machine's load when the start ended
 
     @property
     def started(self) -> bool:
@@ -177,17 +179,19 @@ class ServerPool:
         config: ServerConfig,
         *,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        fresh: bool = False,
     ) -> ServerHandle:
-        """The server for (target, config): started now, or the one started earlier."""
+        """The server for (target, config): started now, or the one started earlier
+        (``fresh``: a new one in any case, the earlier one stopped and kept in ``retired``)."""
         if self.closed:
             raise RuntimeError("ServerPool is closed")
         spec = parse_target(target) if isinstance(target, str) else target
         key = self.key(spec, config)
         handle = self._handles.get(key)
-        if handle is not None and (not handle.startup.started or handle.alive()):
+        if handle is not None and not fresh and (not handle.startup.started or handle.alive()):
             return handle
-        if handle is not None:  # it died since it started: record that, start a new one
-            handle.stop(grace_s=0.5)
+        if handle is not None:  # it died since it started (or must be fresh): a new one
+            handle.stop(grace_s=0.5 if not fresh else self.grace_s)
             self.retired.append(handle)
         handle = self._start(spec, config, spec.serve.startup_timeout_s or startup_timeout_s)
         if handle.startup.started:
@@ -243,6 +247,7 @@ class ServerPool:
             port=port,
             attempts=attempt,
             took=harness_args_taken(spec, config),
+            load=load_now(),
         )
         try:
             elapsed = process.wait_healthy(f"http://{HOST}:{port}{spec.serve.health}", timeout_s)

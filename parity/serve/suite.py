@@ -25,11 +25,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from parity.results import Divergence, ExpectFailure, ScenarioResult, Status
+from parity.machine import load_now
+from parity.results import Attempt, Divergence, ExpectFailure, ScenarioResult, Status
 from parity.scenario import Scenario
 from parity.serve.differ import diff_serve_runs
 from parity.serve.expect import STARTUP_PATH, check_serve_expect
@@ -86,7 +87,12 @@ def group_by_config(scenarios: Sequence[Scenario]) -> list[tuple[ServerConfig, l
 
 
 def run_plan(
-    pool: ServerPool, target: TargetSpec, plan: ServePlan, *, startup_timeout_s: float | None = None
+    pool: ServerPool,
+    target: TargetSpec,
+    plan: ServePlan,
+    *,
+    startup_timeout_s: float | None = None,
+    fresh: bool = False,
 ) -> ServeRun:
     """Run one plan on one target (its server from ``pool``), or the placeholder run that says
     why the target cannot run it: a config key it cannot take (before anything starts), or a
@@ -95,7 +101,7 @@ def run_plan(
     if reason is not None:
         return ServeRun.not_supported(target.label, reason, plan.limits)
     timeout = startup_timeout_s or plan.limits.startup_timeout_s
-    handle = pool.get(target, plan.config, startup_timeout_s=timeout)
+    handle = pool.get(target, plan.config, startup_timeout_s=timeout, fresh=fresh)
     if handle.startup.started:
         reason = missing(plan.requests, plan.scenario.expect, handle.capabilities)
         if reason is not None:
@@ -120,30 +126,106 @@ def run_serve_scenarios(
     plans = [ServePlan.of(s, project) for s in scenarios]
     own = pool is None
     active = pool if pool is not None else ServerPool(log_dir)
-    runs: dict[str, list[ServeRun]] = {s.id: [] for s in scenarios}
-    elapsed: dict[str, float] = {s.id: 0.0 for s in scenarios}
     hook = on_event or (lambda _s, _t, _p: None)
+    results: dict[str, ScenarioResult] = {}
     try:
         for group in group_plans(plans):
-            timeout = max(plan.limits.startup_timeout_s for plan in group)
-            for spec in specs:
-                started = False
-                for plan in group:
-                    scenario_id = plan.scenario.id
-                    hook(scenario_id, spec.label, "running" if started else "starting")
-                    began = time.perf_counter()
-                    run = run_plan(active, spec, plan, startup_timeout_s=timeout)
-                    started = started or run.unsupported is None
-                    runs[scenario_id].append(run)
-                    elapsed[scenario_id] += time.perf_counter() - began
-                    hook(scenario_id, spec.label, "done")
-                for handle in active.handles:
-                    if handle.target.label == spec.label and handle.config == group[0].config:
-                        active.stop(handle)
+            first = _run_group(active, specs, group, hook)
+            results.update(first)
+            suspects = [p for p in group if suspect(first[p.scenario.id])]
+            if suspects:  # once more, on freshly started servers (stopped after the group)
+                again = _run_group(active, specs, suspects, hook, rerun=True)
+                for plan in suspects:
+                    sid = plan.scenario.id
+                    results[sid] = confirmed(first[sid], again[sid])
     finally:
         if own:
             active.close()
-    return [judge(p.scenario, runs[p.scenario.id], round(elapsed[p.scenario.id], 3)) for p in plans]
+    return [results[p.scenario.id] for p in plans]
+
+
+def _run_group(
+    pool: ServerPool,
+    specs: Sequence[TargetSpec],
+    group: Sequence[ServePlan],
+    hook: EventHook,
+    *,
+    rerun: bool = False,
+) -> dict[str, ScenarioResult]:
+    """Every plan of one server config on every target (each target's server started once,
+    stopped at the end), judged."""
+    runs: dict[str, list[ServeRun]] = {p.scenario.id: [] for p in group}
+    elapsed: dict[str, float] = {p.scenario.id: 0.0 for p in group}
+    timeout = max(plan.limits.startup_timeout_s for plan in group)
+    for spec in specs:
+        started = False
+        for plan in group:
+            scenario_id = plan.scenario.id
+            phase = "running" if started else "restarting" if rerun else "starting"
+            hook(scenario_id, spec.label, phase)
+            began = time.perf_counter()
+            run = run_plan(pool, spec, plan, startup_timeout_s=timeout, fresh=rerun and not started)
+            started = started or run.unsupported is None
+            runs[scenario_id].append(run)
+            elapsed[scenario_id] += time.perf_counter() - began
+            hook(scenario_id, spec.label, "done")
+        for handle in pool.handles:
+            if handle.target.label == spec.label and handle.config == group[0].config:
+                pool.stop(handle)
+    return {
+        p.scenario.id: judge(p.scenario, runs[p.scenario.id], round(elapsed[p.scenario.id], 3))
+        for p in group
+    }
+
+
+# -- confirm before accuse ------------------------------------------------------------------
+TIMING_OUTCOMES = ("zero_byte_hang", "mid_stream_stall", "timeout")
+SERVED = ("completed", "http_error")
+
+
+def suspect(result: ScenarioResult) -> list[str]:
+    """The one-sided timing differences of a result, which a busy machine can cause: a request
+    that stalled or timed out on one target while the other served it, a ``timing``
+    divergence, or an ``expect: outcome`` a stall or timeout missed. Empty: nothing to
+    confirm."""
+    found: list[str] = []
+    for d in result.divergences:
+        one_sided = d.path.endswith(".outcome") and (
+            (d.left in TIMING_OUTCOMES and d.right in SERVED)
+            or (d.right in TIMING_OUTCOMES and d.left in SERVED)
+        )
+        if one_sided or d.kind == "timing":
+            found.append(f"{d.path}: {d.left_target}={d.left} {d.right_target}={d.right}")
+    for f in result.expect_failures:
+        if f.path.startswith("expect.outcome") and f.actual in TIMING_OUTCOMES:
+            found.append(f"{f.target}: {f.path}: expected {f.expected}, got {f.actual}")
+    return found
+
+
+def confirmed(first: ScenarioResult, again: ScenarioResult) -> ScenarioResult:
+    """The rerun's result, with the first attempt as evidence; ``flaky`` when the rerun does
+    not show the first attempt's timing differences (they did not reproduce)."""
+    reasons = suspect(first)
+    attempt = Attempt(
+        runs=tuple(run for run in first.runs if isinstance(run, ServeRun)),
+        divergences=first.divergences,
+        expect_failures=first.expect_failures,
+        suspects=tuple(reasons),
+        load=load_now(),
+    )
+    flaky = not suspect(again)
+    verdict = again.verdict
+    if flaky:
+        verdict = f"flaky: {reasons[0]} on the first attempt, not on fresh servers; {verdict}"
+    else:
+        verdict = f"{verdict} (reproduced on fresh servers)"
+    return replace(
+        again,
+        verdict=verdict,
+        attempts=(attempt, *again.attempts),
+        flaky=flaky,
+        elapsed_s=round(first.elapsed_s + again.elapsed_s, 3),
+    )
 
 
 def judge(scenario: Scenario, runs: Sequence[ServeRun], elapsed_s: float = 0.0) -> ScenarioResult:

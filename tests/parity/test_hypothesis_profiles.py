@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from parity_helpers import run_process
 
-PROPERTY = "tests/engine/scripted/test_script.py::test_expected_is_greedy_and_prefix_consistent"
+PROPERTY = "tests/contract/scripted/test_script.py::test_expected_is_greedy_and_prefix_consistent"
 _CASE = re.compile(r"^Test case: .*?^\)$", re.MULTILINE | re.DOTALL)
 
 

@@ -11,7 +11,13 @@ string picks a behaviour:
 - ``headers-hang``: streaming: 200 and headers, then silence;
 - ``cut``: streaming: 2 token frames, then the connection is closed mid-body;
 - ``generate``: non-streaming: 4 s of "generation" (the token counter moves), then the body;
-- ``drip``: streaming: one token every 0.3 s, forever.
+- ``drip``: streaming: one token every 0.3 s, forever;
+- ``slow``: non-streaming: 2 s of silence (its metrics say the request runs), then the body;
+- ``busy``: like ``hang``, but its metrics say the request is running (a slow server, not a
+  wedged one: the harness waits out its confirmation window before it calls a stall).
+
+While a ``hang``, ``headers-hang`` or ``stall`` request is open, ``/metrics`` shows it waiting
+with nothing running, as a wedged vLLM scheduler does.
 
 ``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
 with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
@@ -26,7 +32,8 @@ import asyncio
 import json
 import sys
 
-COUNTERS = {"generation": 0}
+COUNTERS = {"generation": 0, "waiting": 0, "running": 0}
+WEDGED_MODES = ("hang", "headers-hang", "stall")
 FLAGS: dict[str, str] = {}
 ARGV: list[str] = []
 STRICT = {"on": False}
@@ -72,8 +79,22 @@ async def _token(writer: asyncio.StreamWriter, index: int, finish: str | None = 
 
 async def _completions(writer: asyncio.StreamWriter, body: dict) -> None:
     mode, stream = body.get("prompt"), bool(body.get("stream"))
-    if mode == "hang":
+    print(f"request {mode}", flush=True)  # tests wait for this line in the server's log
+    gauge = "waiting" if mode in WEDGED_MODES else "running" if mode in ("busy", "slow") else None
+    if gauge is not None:
+        COUNTERS[gauge] += 1
+    try:
+        await _answer(writer, mode, stream)
+    finally:
+        if gauge is not None:
+            COUNTERS[gauge] -= 1
+
+
+async def _answer(writer: asyncio.StreamWriter, mode: object, stream: bool) -> None:
+    if mode in ("hang", "busy"):
         await asyncio.sleep(3600)
+    if mode == "slow":
+        await asyncio.sleep(2.0)
     if mode == "generate":
         for _ in range(20):
             await asyncio.sleep(0.2)
@@ -107,9 +128,9 @@ def _metrics() -> str:
         "# TYPE vllm:generation_tokens counter",
         f'vllm:generation_tokens_total{{engine="0",model_name="fake"}} {COUNTERS["generation"]}.0',
         "# TYPE vllm:num_requests_running gauge",
-        'vllm:num_requests_running{engine="0",model_name="fake"} 0.0',
+        f'vllm:num_requests_running{{engine="0",model_name="fake"}} {COUNTERS["running"]}.0',
         "# TYPE vllm:num_requests_waiting gauge",
-        'vllm:num_requests_waiting{engine="0",model_name="fake"} 0.0',
+        f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {COUNTERS["waiting"]}.0',
     ]
     return "\n".join(lines) + "\n"
 

@@ -27,6 +27,7 @@ from parity.serve import (
     run_requests,
     run_serve,
 )
+from parity.serve.client import CONFIRM_FACTOR
 
 pytestmark = pytest.mark.server
 
@@ -93,6 +94,19 @@ def test_zero_byte_hang(serve_pool, mode: str, stream: bool, headers: bool) -> N
     assert obs.outcome == "zero_byte_hang", obs.detail
     assert obs.num_bytes == 0 and (obs.t_headers_ms is not None) == headers
     _assert_stall_timing(run, "r1", LIMITS.stall_s)
+
+
+@pytest.mark.timeout(120)
+def test_a_quiet_request_the_server_says_it_runs_is_confirmed_before_a_stall(serve_pool) -> None:
+    """No byte and no token for stall_s, but the server's counters say the request runs: a
+    slow server, not a wedged one, so the verdict waits out the confirmation window."""
+    run = _run(serve_pool, _req("busy", False))
+    obs = run.observation("r1")
+    assert obs.outcome == "zero_byte_hang", obs.detail
+    assert obs.stall is not None and obs.stall.load is not None and obs.stall.load.cpus >= 1
+    quiet_ms = obs.stall.t_verdict_ms - obs.stall.t_last_progress_ms
+    assert quiet_ms >= LIMITS.stall_s * CONFIRM_FACTOR * 1000, quiet_ms
+    assert quiet_ms <= (LIMITS.stall_s * CONFIRM_FACTOR + 3.0) * 1000, quiet_ms
 
 
 @pytest.mark.timeout(120)

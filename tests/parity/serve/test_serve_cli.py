@@ -71,7 +71,14 @@ def test_ledger_acceptance_new_known_deleted_stale(
     assert cli(*run) == EXIT_OK
     assert "ledger: 0 pass, 1 known, 0 new, 0 stale" in capsys.readouterr().out
     report = json.loads((tmp_path / "reports" / "last-run.json").read_text())["ledger"]
-    assert report["counts"] == {"PASS": 0, "KNOWN": 1, "NEW": 0, "STALE": 0, "UNSUPPORTED": 0}
+    assert report["counts"] == {
+        "PASS": 0,
+        "KNOWN": 1,
+        "NEW": 0,
+        "STALE": 0,
+        "UNSUPPORTED": 0,
+        "FLAKY": 0,
+    }
 
     decided = ledger.read_text()
     ledger.write_text("entries: []\n")  # the entry deleted: NEW again
