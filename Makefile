@@ -10,7 +10,7 @@ CUDA_SIDE_PACKAGES := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
 # uv installs everything. Its version is the lock's (0.13.9 until the lock names one); it is
-# bootstrapped once into .cache/uv-VERSION with the system Python's pip.
+# bootstrapped once into .cache/uv-VERSION with the system Python's pip (--target: no venv).
 UV_VERSION := $(or $(shell sed -n 's/^uv==//p' constraints.txt 2>/dev/null),0.13.9)
 UV_BOOT := .cache/uv-$(UV_VERSION)
 UV := $(UV_BOOT)/bin/uv
@@ -36,8 +36,7 @@ setup: $(STAMP)
 
 $(UV):
 	rm -rf $(UV_BOOT)
-	$(PYTHON) -m venv $(UV_BOOT)
-	$(UV_BOOT)/bin/pip install --quiet 'uv==$(UV_VERSION)'
+	$(PYTHON) -m pip install --quiet --target $(UV_BOOT) 'uv==$(UV_VERSION)'
 
 # The stamp is keyed on the dependency spec: a second `make setup` with nothing changed is a no-op.
 $(STAMP): pyproject.toml constraints.txt | $(UV)
