@@ -257,3 +257,15 @@ def test_every_lock_is_a_cpu_pin_without_the_cuda_side_packages() -> None:
         assert "torch==2.13.0+cpu" in reqs, version
         assert not names & set(pins_install.CUDA_SIDE_PACKAGES), version
         assert reqs == sorted(reqs), version
+
+
+def test_the_cli_lists_installs_and_prunes(fake: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pins", "install", OLD]) == 0
+    out = capsys.readouterr().out
+    assert f"pin {OLD}: installed in " in out and f"at {pins.pins_root() / OLD}" in out
+    assert main(["pins"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(OLD))
+    assert row.split()[1] == "yes" and row.endswith(str(pins.pins_root() / OLD / "bin" / "python"))
+    assert main(["pins", "prune"]) == 0
+    assert capsys.readouterr().out == f"pin {OLD}: removed {pins.pins_root() / OLD}\n"
+    assert main(["pins", "prune"]) == 0 and capsys.readouterr().out == "nothing to prune\n"
