@@ -39,9 +39,11 @@ $(UV):
 	$(PYTHON) -m pip install --quiet --target $(UV_BOOT) 'uv==$(UV_VERSION)'
 
 # The stamp is keyed on the dependency spec: a second `make setup` with nothing changed is a no-op.
+# --compile-bytecode as pip does: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE
+# set (these machines) every oracle process would compile vllm and torch afresh.
 $(STAMP): pyproject.toml constraints.txt | $(UV)
 	test -x $(PY) || $(UV) venv --quiet --python $(PYTHON) $(VENV)
-	$(UV) pip install --quiet --python $(PY) $(UV_INDEX_ARGS) -c constraints.txt -e '.[dev]'
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) $(UV_INDEX_ARGS) -c constraints.txt -e '.[dev]'
 	$(UV) pip uninstall --quiet --python $(PY) $(CUDA_SIDE_PACKAGES) || true
 	$(PY) -c "import oracle.pin as p; p.check_installed()"
 	touch $(STAMP)

@@ -228,7 +228,10 @@ def _build(
     venv = [uv, "venv", "--quiet", "--relocatable", "--python", sys.executable, str(tmp)]
     _check(run_bounded(venv, deadline, "uv venv", env), "uv venv")
     python = str(pins.env_python(tmp))
-    sync = [uv, "pip", "sync", "--python", python, str(lock), *index_args(environ)]
+    # Bytecode now: uv writes none by default, and with PYTHONDONTWRITEBYTECODE (set on these
+    # machines) every server process would compile vllm, torch and transformers afresh.
+    sync = [uv, "pip", "sync", "--compile-bytecode", "--python", python, str(lock)]
+    sync += index_args(environ)
     url = index_url(environ)
     offline = not index_reachable(url)
     if offline:
