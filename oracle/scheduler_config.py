@@ -151,7 +151,7 @@ def _vllm_config(cfg: SchedulerTierConfig) -> VllmConfig:
         model_config = ModelConfig(
             model=cfg.model,
             skip_tokenizer_init=True,
-            max_model_len=cfg.max_model_len,
+            max_model_len=cfg.max_model_len,  # type: ignore[arg-type]  # None: derived
             seed=0,
         )
         scheduler_config = SchedulerConfig(
@@ -160,7 +160,7 @@ def _vllm_config(cfg: SchedulerTierConfig) -> VllmConfig:
             max_model_len=model_config.max_model_len,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            policy=cfg.scheduling_policy,
+            policy=cfg.scheduling_policy,  # type: ignore[arg-type]  # checked: normalize_config
             async_scheduling=False,
             is_encoder_decoder=model_config.is_encoder_decoder,
         )

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 
-from parity.errors import Problem, ScenarioError
+from parity.errors import Problem, ScenarioError, brief, shown
 
 Path = tuple[str | int, ...]
 LineMap = dict[Path, int]
@@ -171,7 +171,7 @@ def _walk(node: yaml.Node, path: Path, lines: LineMap, problems: list[Problem], 
             line = key_node.start_mark.line + 1
             if key in seen:
                 problems.append(
-                    Problem(file, line, f"duplicate key {key!r} (first at line {seen[key]})")
+                    Problem(file, line, f"duplicate key {brief(key)} (first at line {seen[key]})")
                 )
                 continue
             seen[key] = line
@@ -181,6 +181,19 @@ def _walk(node: yaml.Node, path: Path, lines: LineMap, problems: list[Problem], 
         for index, item in enumerate(node.value):
             lines[(*path, index)] = item.start_mark.line + 1
             _walk(item, (*path, index), lines, problems, file)
+
+
+def dotted(path: Path) -> str:
+    """``("requests", 0, "max_tokens")`` -> ``requests[0].max_tokens``; a key that would not
+    show (``"\\xa0"``, ``""``, a control character) is quoted with escapes (``errors.shown``)."""
+    text = ""
+    for element in path:
+        if isinstance(element, int):
+            text += f"[{element}]"
+        else:
+            key = shown(str(element))
+            text += f".{key}" if text else key
+    return text
 
 
 def line_of(lines: LineMap, path: Path) -> int | None:

@@ -11,7 +11,7 @@ never reports the speed of two runs that disagree.
         [--script targets|module]
 
 ``--script targets`` (default) measures the targets as they are wired; ``--script module`` sets
-each target's script to ``engine.scripted.script`` itself after ``start`` (the runners then use
+each target's script to ``contract.scripted.script`` itself after ``start`` (the runners then use
 its incremental ``ScriptState``). Not a test: prints a table.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.scripted import vocab
-from engine.trace import StepTrace
+from contract.scripted import vocab
+from contract.trace import StepTrace
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets import make_target
 from parity.targets.base import SchedulerTarget
@@ -112,7 +112,7 @@ def run_once(
 
 
 def _use_module_script(target: SchedulerTarget) -> None:
-    from engine.scripted import script
+    from contract.scripted import script
 
     core = getattr(target, "core", None)
     if core is not None:
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _scripted_model(scratch: Path) -> str:
     """The built scripted model folder, or a fresh build in ``scratch`` (well under 1 s)."""
-    from engine.scripted.builder import build
+    from contract.scripted.builder import build
 
     built = Path(__file__).resolve().parents[1] / ".cache" / "models" / "scripted"
     if (built / "config.json").exists():

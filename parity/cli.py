@@ -9,9 +9,11 @@ input, 3 a target failed to start when it should have).
     parity trace SCENARIO --target T [--json]
     parity ledger [--last RESULTS.json]
     parity decide DIVERGENCE_REF --diverge|--mirror|--bug --reason TEXT [--link URL]
+                  [--target GLOB] [--pair LEFT RIGHT] [--last RESULTS.json]
     parity schema
     parity model build --variant scripted --out DIR
-    parity pins [install VERSION|all | prune [VERSION ...]]
+    parity model export --format gguf --variant scripted --out FILE [--dtype f32|bf16]
+    parity pins [install VERSION|all | prune [VERSION ...] | check [VERSION ...]]
 
 Every ``parity run`` classifies its divergences against the decision ledger
 (``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
@@ -46,11 +48,49 @@ DEFAULT_TARGETS = ("engine", "oracle")
 
 
 def _cmd_model_build(args: argparse.Namespace) -> int:
-    from engine.scripted.builder import build
+    from contract.scripted.builder import VARIANTS, build
 
-    files = build(args.variant, args.out, seed=args.seed)
-    for name, digest in sorted(files.items()):
-        print(f"{digest}  {name}")
+    variants = [args.variant] if args.variant else list(VARIANTS)
+    if args.out and len(variants) > 1:
+        sys.stderr.write("parity model build: --out needs --variant (one folder per model)\n")
+        return EXIT_BAD_INPUT
+    models = project_of(args).models
+    for variant in variants:
+        out = Path(args.out) if args.out else models / variant
+        files = build(variant, out, seed=args.seed)
+        print(f"{variant}: {out}")
+        for name, digest in sorted(files.items()):
+            print(f"{digest}  {name}")
+    return EXIT_OK
+
+
+def project_of(args: argparse.Namespace) -> Any:
+    """The project of this invocation: ``--config FILE``, else the nearest ``parity.toml``."""
+    from parity.project import find_project
+
+    return find_project(config=getattr(args, "config", None))
+
+
+def _ledger_of(args: argparse.Namespace, project: Any) -> Any:
+    """The run's ledger: ``--ledger FILE`` or the project's (a named one must exist); none
+    configured: an empty ledger."""
+    from parity.ledger import Ledger, load_ledger
+
+    if args.ledger is not None:
+        return load_ledger(args.ledger)
+    if project.ledger is not None:
+        return load_ledger(project.ledger)
+    return Ledger("(no ledger)", (), ())
+
+
+def _cmd_model_export(args: argparse.Namespace) -> int:
+    from contract.scripted.gguf import ExportError, export
+
+    try:
+        digest = export(args.out, variant=args.variant, dtype=args.dtype)
+    except (ExportError, OSError) as exc:
+        raise ParityError(f"parity model export: {exc}") from None
+    print(f"{digest}  {args.out}")
     return EXIT_OK
 
 
@@ -61,11 +101,11 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _select(args: argparse.Namespace) -> list[Scenario]:
+def _select(args: argparse.Namespace, paths: Sequence[str]) -> list[Scenario]:
     from parity.keyword import matches
     from parity.loader import load_scenarios
 
-    scenarios = load_scenarios(args.paths)
+    scenarios = load_scenarios(paths)
     tiers = ("scheduler", "serve", "both") if args.tier == "both" else (args.tier, "both")
     selected = [s for s in scenarios if s.tier in tiers]
     if args.keyword:
@@ -81,40 +121,54 @@ def _tier_split(args: argparse.Namespace, scenarios: list[Scenario]) -> tuple[li
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from parity.format import format_details, format_notes, format_run_table, format_summary
-    from parity.ledger import DEFAULT_LAST, classify, format_findings, load_ledger
+    from parity.ledger import classify, format_causes, format_findings
     from parity.results import RunReport
     from parity.serve.suite import run_serve_scenarios, startup_failed
     from parity.serve.targets import parse_target
     from parity.targets import make_target
 
-    scenarios = _select(args)
+    project = project_of(args)
+    paths = args.paths or list(project.scenarios)
+    if not paths:
+        sys.stderr.write(
+            f"no scenarios given, and {project.source} names none ([parity] scenarios)\n"
+        )
+        return EXIT_BAD_INPUT
+    scenarios = _select(args, paths)
     if not scenarios:
         tier = "" if args.tier == "both" else f"{args.tier}-tier "
         sys.stderr.write(f"no {tier}scenarios selected\n")
         return EXIT_BAD_INPUT
     scheduler, serve = _tier_split(args, scenarios)
     specs = args.target or list(DEFAULT_TARGETS)
-    targets = [make_target(spec, "scheduler") for spec in specs] if scheduler else []
+    ledger = _ledger_of(args, project)  # a missing named ledger is exit 2 before anything runs
     for spec in specs if serve else ():
-        parse_target(spec)  # a bad spec is exit 2 before anything starts
-    ledger = load_ledger(args.ledger, missing_ok=True)
+        parse_target(spec, project)  # a bad spec is exit 2 before anything starts
+    targets = [make_target(spec, "scheduler", project) for spec in specs] if scheduler else []
+    for index, target in enumerate(targets):  # equal names made distinct, as at the serve tier
+        same = sum(1 for t in targets[:index] if t.name.split(" #", 1)[0] == target.name)
+        if same:
+            target.name = f"{target.name} #{same + 1}"
     began = time.perf_counter()
     results = []
     total = len(scheduler) + len(serve) * len(specs)
     traces: dict[str, tuple] = {}  # scheduler tier: scenario id -> TargetRuns (step charts)
     with _progress(total, enabled=not args.no_progress) as mark:
-        results += _run_scheduler(scheduler, targets, mark, traces)
+        results += _run_scheduler(scheduler, targets, mark, traces, project)
         if serve:
-            results += run_serve_scenarios(serve, specs, log_dir=args.log_dir, on_event=mark)
+            results += run_serve_scenarios(
+                serve, specs, log_dir=args.log_dir, on_event=mark, project=project
+            )
     elapsed = time.perf_counter() - began
     ledger_report = classify(results, ledger, {s.id: s for s in scenarios})
     color = sys.stdout.isatty()
     width = shutil.get_terminal_size((120, 24)).columns if color else 120
-    failing = [r for r in results if _needs_details(r, ledger_report)]
+    failing = [r for r in results if _needs_details(r, ledger_report, args.verbose)]
     sys.stdout.write(format_run_table(results, ledger_report, color=color, width=width))
     sys.stdout.write(format_notes(results))
-    sys.stdout.write(format_details(failing))
-    sys.stdout.write(format_findings(ledger_report, verbose=args.verbose))
+    sys.stdout.write(format_causes(ledger_report))
+    sys.stdout.write(format_details(failing, divergences=args.verbose))
+    sys.stdout.write(format_findings(ledger_report, verbose=args.verbose, paths=args.verbose))
     sys.stdout.write(format_summary(results, elapsed))
     report = RunReport(
         tier=args.tier,
@@ -124,7 +178,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ledger=ledger_report.to_json(),
     )
     text = report.dumps()
-    for out in [DEFAULT_LAST, *([args.json] if args.json else [])]:
+    for out in [project.last_run, *([args.json] if args.json else [])]:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text, encoding="utf-8")
     if args.junit:
@@ -137,7 +191,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_scheduler(
-    scenarios: list, targets: list, mark: Callable[..., None], traces: dict[str, tuple]
+    scenarios: list,
+    targets: list,
+    mark: Callable[..., None],
+    traces: dict[str, tuple],
+    project: Any = None,
 ) -> list:
     from parity.runner import run_scenario
 
@@ -145,18 +203,22 @@ def _run_scheduler(
     for scenario in scenarios:
         label = " vs ".join(t.name for t in targets)
         mark(scenario.id, label, "running")
-        result, runs = run_scenario(scenario, targets)
+        result, runs = run_scenario(scenario, targets, project)
         traces[scenario.id] = runs
         results.append(result)
         mark(scenario.id, label, "done")
     return results
 
 
-def _needs_details(result: object, ledger_report: object) -> bool:
+def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool:
+    """Expect failures and errors always; scenarios with NEW divergences with ``-v`` (the
+    grouped causes say them otherwise)."""
     from parity.ledger import Verdict
 
     if getattr(result, "expect_failures", ()) or getattr(result, "status", None) == "error":
         return True
+    if not verbose:
+        return False
     return any(
         f.scenario_id == result.scenario_id and f.verdict is Verdict.NEW  # type: ignore[attr-defined]
         for f in ledger_report.findings  # type: ignore[attr-defined]
@@ -192,15 +254,36 @@ def _write_report(
     return Path(folder)
 
 
+def _cmd_suites(args: argparse.Namespace) -> int:
+    from parity.catalog import format_suites
+
+    sys.stdout.write(format_suites())
+    return EXIT_OK
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from parity.starter import write_starter
+
+    for path, created in write_starter(Path(args.dir), force=args.force):
+        sys.stdout.write(f"{'wrote' if created else 'kept '} {path}\n")
+    sys.stdout.write(
+        "next: add your server as a target in parity.toml, then\n"
+        "  parity model build\n"
+        "  parity run @default --target oracle --target <your target>\n"
+    )
+    return EXIT_OK
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     from parity.format import format_trace, format_trace_json
     from parity.loader import load_scenario
     from parity.runner import run_target
     from parity.targets import make_target
 
+    project = project_of(args)
     scenario = load_scenario(args.scenario)
-    target = make_target(args.target, "scheduler")
-    run = run_target(scenario, target)  # type: ignore[arg-type]
+    target = make_target(args.target, "scheduler", project)
+    run = run_target(scenario, target, project)  # type: ignore[arg-type]
     if args.json:
         sys.stdout.write(format_trace_json(run))
     else:
@@ -246,18 +329,41 @@ def _progress(total: int, enabled: bool) -> Iterator[Callable[[str, str, str], N
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parity", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the project file (default: the nearest parity.toml at or above the folder)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     model = sub.add_parser("model", help="build the scripted test models")
     model_sub = model.add_subparsers(dest="model_command", required=True)
     build_p = model_sub.add_parser("build", help="build a model folder (deterministic)")
-    build_p.add_argument("--variant", choices=["scripted", "random"], required=True)
-    build_p.add_argument("--out", required=True, help="output folder")
+    build_p.add_argument(
+        "--variant", choices=["scripted", "random"], help="one model (default: both)"
+    )
+    build_p.add_argument(
+        "--out", help="output folder (default: the project's models folder / VARIANT)"
+    )
     build_p.add_argument("--seed", type=int, default=0, help="random variant seed")
     build_p.set_defaults(func=_cmd_model_build)
+    export_p = model_sub.add_parser(
+        "export", help="export a model as one file for another runtime (deterministic)"
+    )
+    export_p.add_argument("--format", choices=["gguf"], required=True, help="llama.cpp's GGUF v3")
+    export_p.add_argument("--variant", choices=["scripted"], required=True)
+    export_p.add_argument("--out", required=True, help="output file")
+    export_p.add_argument(
+        "--dtype", choices=["f32", "bf16"], default="f32", help="matrix type (norms stay f32)"
+    )
+    export_p.set_defaults(func=_cmd_model_export)
 
     run = sub.add_parser("run", help="run scenarios on two targets and compare them")
-    run.add_argument("paths", nargs="+", help="scenario files or folders")
+    run.add_argument(
+        "paths",
+        nargs="*",
+        help="scenario files, folders or @suites (default: the project's [parity] scenarios)",
+    )
     run.add_argument(
         "--tier",
         choices=["scheduler", "serve", "both"],
@@ -273,9 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", help="write every result as JSON to this file")
     run.add_argument("--junit", help="write a JUnit XML file (one test case per scenario)")
     run.add_argument("--report", help="write the HTML/Markdown/JSON/JUnit report to this folder")
-    run.add_argument("--ledger", default="scenarios/ledger.yaml", help="the decision ledger")
+    run.add_argument(
+        "--ledger", help="the decision ledger (default: the project's; must exist when named)"
+    )
     run.add_argument("--log-dir", help="keep the serve-tier server logs in this folder")
-    run.add_argument("-v", "--verbose", action="store_true", help="also list KNOWN divergences")
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also list every divergence by path (the summary groups them by cause)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress display")
     run.set_defaults(func=_cmd_run)
 
@@ -287,6 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("schema", help="print the scenario JSON Schema")
     schema.set_defaults(func=_cmd_schema)
+
+    suites = sub.add_parser("suites", help="list the scenario suites bundled with the package")
+    suites.set_defaults(func=_cmd_suites)
+
+    init = sub.add_parser("init", help="start a project: parity.toml, ledger, scenarios, CI job")
+    init.add_argument("dir", nargs="?", default=".", help="the project folder (default: .)")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+    init.set_defaults(func=_cmd_init)
     from parity.ledger import add_ledger_commands
 
     add_ledger_commands(sub)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.results import Divergence, RequestOutcome, TargetRun
 from parity.scenario import Scenario
 

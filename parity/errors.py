@@ -6,8 +6,10 @@ for bad input, 3 for a target that failed to start).
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Self
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,22 +34,60 @@ _ONE_LINE = {
 }
 
 
+def _brief_repr() -> reprlib.Repr:
+    brief = reprlib.Repr()
+    brief.maxstring = brief.maxother = MAX_SHOWN
+    brief.maxlong = MAX_SHOWN // 2
+    brief.maxlist = brief.maxtuple = brief.maxdict = brief.maxset = 6
+    brief.maxlevel = 3
+    return brief
+
+
+MAX_SHOWN = 80  # characters of a key or value a message quotes before eliding the middle
+_BRIEF = _brief_repr()
+
+
+def brief(value: object) -> str:
+    """``repr(value)`` with long strings, numbers and collections elided (``...``), so a
+    message that quotes a value stays one readable line whatever the file holds."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= 3 * MAX_SHOWN else text[: 3 * MAX_SHOWN - 3] + "..."
+
+
+def shown(text: str) -> str:
+    """``text`` as it is when every character of it shows (printable, with plain spaces only
+    between other characters) and it is short, else quoted with escapes (``brief``): a key
+    named in a message never prints as nothing (``'\\xa0'``, ``'\\t'``, ``'\\u200b'``,
+    ``''``) nor as a screenful."""
+    if text and len(text) <= MAX_SHOWN and text.isprintable() and text.strip(" ") == text:
+        return text
+    return brief(text)
+
+
 class ParityError(Exception):
     """Base class of the harness's user-facing errors."""
 
 
-class ScenarioError(ParityError):
-    """A scenario file that cannot be used; ``str()`` is one ``file:line: message`` per problem."""
+class InputError(ParityError):
+    """An input file that cannot be used; ``str()`` is one ``file:line: message`` per problem."""
 
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
         if not self.problems:
-            raise ValueError("ScenarioError needs at least one problem")
+            raise ValueError(f"{type(self).__name__} needs at least one problem")
         super().__init__("\n".join(str(p) for p in self.problems))
 
     @classmethod
-    def at(cls, file: str, line: int | None, message: str) -> ScenarioError:
+    def at(cls, file: str, line: int | None, message: str) -> Self:
         return cls([Problem(file, line, message)])
+
+
+class ScenarioError(InputError):
+    """A scenario file that cannot be used."""
+
+
+class ProjectError(InputError):
+    """A project file (``parity.toml``) that cannot be used."""
 
 
 class TargetSpecError(ParityError):

@@ -115,8 +115,11 @@ def _ledger_status(result: ScenarioResult, ledger: Any) -> str:
     return result.status.value.upper()
 
 
-def format_details(results: Sequence[ScenarioResult], limit: int = 20) -> str:
-    """Every divergence and expect failure of the failing scenarios (``file:line`` first)."""
+def format_details(
+    results: Sequence[ScenarioResult], limit: int = 20, divergences: bool = True
+) -> str:
+    """Every divergence (unless ``divergences`` is false: the grouped causes say them) and
+    expect failure of the failing scenarios (``file:line`` first)."""
     lines: list[str] = []
     for result in results:
         if result.ok:
@@ -124,7 +127,7 @@ def format_details(results: Sequence[ScenarioResult], limit: int = 20) -> str:
         lines.append(f"{result.scenario_id} ({result.file}): {result.verdict}")
         for run in result.runs:
             lines.append(f"  {run.target}: {run.describe()}")
-        shown = [d.describe() for d in result.divergences]
+        shown = [d.describe() for d in result.divergences] if divergences else []
         shown += [f.describe() for f in result.expect_failures]
         for text in shown[:limit]:
             lines.append(f"  {text}")

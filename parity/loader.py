@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from parity._yaml import LineMap, Path, line_of, load_with_lines
-from parity.errors import Problem, ScenarioError
+from parity._yaml import LineMap, Path, dotted, line_of, load_with_lines
+from parity.errors import Problem, ScenarioError, brief
 from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
 
 SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
@@ -37,13 +37,15 @@ def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
 
     A directory means every ``*.yaml`` below it except the decision ledger (``ledger.yaml``),
     hang-reproduction files (``*.repro.yaml``, run by ``parity repro``) and names starting with
-    ``_``; a file named explicitly is always taken.
+    ``_`` (``is_scenario_name``); ``@suite`` names a bundled suite (``parity.catalog``); a file
+    named explicitly is always taken.
     """
+    from parity.catalog import expand_paths
+
     files: list[FsPath] = []
-    for raw in paths:
-        path = FsPath(raw)
+    for path in expand_paths(paths):
         if path.is_dir():
-            found = (p for p in path.rglob("*.yaml") if p.is_file() and _is_scenario_name(p))
+            found = (p for p in path.rglob("*.yaml") if p.is_file() and is_scenario_name(p))
             files.extend(sorted(found))
         elif path.is_file():
             files.append(path)
@@ -52,9 +54,12 @@ def collect_files(paths: Iterable[str | FsPath]) -> list[FsPath]:
     return files
 
 
-def _is_scenario_name(path: FsPath) -> bool:
+def is_scenario_name(path: FsPath) -> bool:
+    """The one collection rule (``parity run`` and ``pytest scenarios/`` alike): a ``*.yaml``
+    that is not the ledger, not a ``parity repro`` file and not named ``_*``."""
     return (
-        path.name not in NOT_SCENARIOS
+        path.suffix == ".yaml"
+        and path.name not in NOT_SCENARIOS
         and not path.name.startswith("_")
         and not path.name.endswith(REPRO_SUFFIX)
     )
@@ -134,7 +139,7 @@ def schema_problems(
     for path, messages in merged.items():
         text = "; or ".join(messages)
         if len(messages) > 1 or "got" not in text and _shows_input(messages[0]):
-            text += f", got {inputs[path]!r}"
+            text += f", got {brief(inputs[path])}"
         where = dotted(path) or root
         problems.append(Problem(file, line_of(lines, path), f"{where}: {text}"))
     problems.sort(key=lambda p: (p.line or 0, p.message))
@@ -171,27 +176,16 @@ def _data_path(data: Any, loc: Sequence[Any], missing: bool) -> Path:
     return tuple(path)
 
 
-def dotted(path: Path) -> str:
-    """``("requests", 0, "max_tokens")`` -> ``requests[0].max_tokens``."""
-    text = ""
-    for element in path:
-        if isinstance(element, int):
-            text += f"[{element}]"
-        else:
-            text += f".{element}" if text else str(element)
-    return text
-
-
 def _semantic(scenario: Scenario, stem: str | None) -> list[tuple[Path, str]]:
     """Checks the schema cannot express, each with the path of the offending key."""
     found: list[tuple[Path, str]] = []
     if stem is not None and scenario.id != stem:
-        found.append((("id",), f"{scenario.id!r} must equal the file name {stem!r}"))
+        found.append((("id",), f"{brief(scenario.id)} must equal the file name {brief(stem)}"))
     ids: dict[str, int] = {}
     for index, request in enumerate(scenario.requests):
         where: Path = ("requests", index)
         if request.id in ids:
-            found.append(((*where, "id"), f"duplicate request id {request.id!r}"))
+            found.append(((*where, "id"), f"duplicate request id {brief(request.id)}"))
         ids.setdefault(request.id, index)
         forms = [k for k in ("prompt_token_ids", "prompt", "messages") if getattr(request, k)]
         if len(forms) != 1:
@@ -250,7 +244,7 @@ def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
     ):
         for request_id in getattr(expect, key):
             if request_id not in ids:
-                found.append((("expect", key, request_id), f"unknown request {request_id!r}"))
+                found.append((("expect", key, request_id), f"unknown request {brief(request_id)}"))
     for step in expect.steps:
         if step > scenario.limits.max_steps:
             found.append((("expect", "steps", step), f"step {step} is beyond limits.max_steps"))

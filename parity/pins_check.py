@@ -4,7 +4,7 @@ The server gets the flags the harness passes (``parity.serve.targets.server_flag
 size 32, 64 blocks, max_model_len 96, ``--enforce-eager --no-async-scheduling --dtype
 float32``) and runs with the pin's own python (``parity.pins.pin_runtime``). One greedy
 ``/v1/completions`` with ``prompt: [389, 436]``, ``max_tokens: 8`` must return the scripted
-model's tokens (``engine.scripted.script.expected``). One server at a time, bounded, reaped.
+model's tokens (``contract.scripted.script.expected``). One server at a time, bounded, reaped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.scripted.script import expected
+from contract.scripted.script import expected
 from parity.pins import PinError, pin_runtime
 from parity.process import ManagedProcess, StartupError, free_port
 from parity.serve.spec import ServerConfig

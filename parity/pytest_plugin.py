@@ -1,7 +1,8 @@
 """pytest plugin: ``pytest scenarios/`` runs every scenario file as a test item.
 
-Collection: each ``*.yaml`` below a folder named ``scenarios`` (except ``ledger.yaml``,
-``schema.json`` and names starting with ``_``) is a ``ScenarioFile``; it yields one
+Collection: each ``*.yaml`` below a folder named ``scenarios`` that the loader's one rule takes
+(``parity.loader.is_scenario_name``: not ``ledger.yaml``, not a ``*.repro.yaml`` hang
+reproduction, not named ``_*``) is a ``ScenarioFile``; it yields one
 ``ScenarioItem`` per tier the scenario declares (``[scheduler]`` / ``[serve]`` suffixes for
 ``tier: both``). A file that does not load is one item that fails with the loader's
 ``file:line: message`` lines (no traceback).
@@ -17,7 +18,8 @@ decision ledger; an item fails on a NEW divergence, a STALE entry of its scenari
 at its scenario ``file:line`` with the ledger hint.
 
 Options: ``--parity-target SPEC`` (repeatable; default ``engine`` and ``oracle``),
-``--parity-ledger FILE`` (default ``scenarios/ledger.yaml`` under the rootdir).
+``--parity-ledger FILE`` (default: the ledger of the project file, ``parity.toml``, at or
+above the rootdir).
 
 Registration: as a ``pytest11`` entry point (``parity = "parity.pytest_plugin"``), or
 ``-p parity.pytest_plugin``; ``scenarios/conftest.py`` registers it when neither did (then
@@ -26,6 +28,7 @@ the ``--parity-*`` options are not available: they are parsed before a conftest 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +40,6 @@ from parity.errors import ParityError
 
 DEFAULT_TARGETS = ("engine", "oracle")
 SCENARIO_DIR = "scenarios"
-NOT_SCENARIOS = frozenset({"ledger.yaml"})
 SERVE_TIMEOUT_S = 900
 SCHEDULER_TIMEOUT_S = 300
 _POOL = pytest.StashKey[Any]()
@@ -67,9 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
-    if file_path.suffix != ".yaml" or file_path.name in NOT_SCENARIOS:
-        return None
-    if file_path.name.startswith("_") or SCENARIO_DIR not in file_path.parts[:-1]:
+    from parity.loader import is_scenario_name
+
+    if SCENARIO_DIR not in file_path.parts[:-1] or not is_scenario_name(file_path):
         return None
     return ScenarioFile.from_parent(parent, path=file_path)
 
@@ -130,7 +132,8 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kwargs)
         self.scenario = scenario
         self.tier = tier
-        self.config_group = _config_group(scenario) if tier == "serve" else "scheduler"
+        self.plan = _plan(self.config, scenario) if tier == "serve" else None
+        self.config_group = _config_group(self.plan) if self.plan is not None else "scheduler"
 
     def runtest(self) -> None:
         from parity.format import format_details
@@ -138,7 +141,8 @@ class ScenarioItem(pytest.Item):
         from parity.results import Status
 
         result = self._run_scheduler() if self.tier == "scheduler" else self._run_serve()
-        ledger = load_ledger(_ledger_path(self.config), missing_ok=True)
+        path = _ledger_path(self.config)
+        ledger = load_ledger(path) if path is not None else load_ledger("(none)", missing_ok=True)
         report = classify([result], ledger, {self.scenario.id: self.scenario})
         new = [f for f in report.findings if f.verdict is Verdict.NEW]
         stale = [e for e in report.entries if e.state is EntryState.STALE]
@@ -150,22 +154,22 @@ class ScenarioItem(pytest.Item):
         from parity.runner import run_scenario
         from parity.targets import make_target
 
-        targets = [make_target(spec, "scheduler") for spec in _targets(self.config)]
-        result, _runs = run_scenario(self.scenario, targets)  # type: ignore[arg-type]
+        project = _project(self.config)
+        targets = [make_target(spec, "scheduler", project) for spec in _targets(self.config)]
+        result, _runs = run_scenario(self.scenario, targets, project)  # type: ignore[arg-type]
         return result
 
     def _run_serve(self) -> Any:
-        from parity.serve.run import run_serve
-        from parity.serve.spec import from_scenario
-        from parity.serve.suite import judge
+        from parity.serve.suite import ServePlan, judge, run_plan
+        from parity.serve.targets import parse_targets
 
         pool = _pool(self.config)
         _switch_config(self.config, pool, self.config_group)
-        config, requests, limits = from_scenario(self.scenario)
-        runs = []
-        for spec in _targets(self.config):
-            handle = pool.get(spec, config, startup_timeout_s=limits.startup_timeout_s)
-            runs.append(run_serve(handle, requests, limits))
+        project = _project(self.config)
+        plan = self.plan or ServePlan.of(self.scenario, project)
+        runs = [
+            run_plan(pool, target, plan) for target in parse_targets(_targets(self.config), project)
+        ]
         return judge(self.scenario, runs)
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
@@ -206,9 +210,21 @@ def _targets(config: pytest.Config) -> list[str]:
     return list(config.getoption("parity_target", default=None) or DEFAULT_TARGETS)
 
 
-def _ledger_path(config: pytest.Config) -> Path:
+def _project(config: pytest.Config) -> Any:
+    """The project of the test session: the nearest ``parity.toml`` at or above its rootdir."""
+    return _project_at(str(config.rootpath))
+
+
+@functools.lru_cache(maxsize=4)
+def _project_at(rootpath: str) -> Any:
+    from parity.project import find_project
+
+    return find_project(rootpath)
+
+
+def _ledger_path(config: pytest.Config) -> Path | None:
     option = config.getoption("parity_ledger", default=None)
-    return Path(option) if option else Path(config.rootpath) / "scenarios" / "ledger.yaml"
+    return Path(option) if option else _project(config).ledger
 
 
 def _pool(config: pytest.Config) -> Any:
@@ -229,9 +245,11 @@ def _switch_config(config: pytest.Config, pool: Any, group: str) -> None:
     config.stash[_ACTIVE] = group
 
 
-def _config_group(scenario: Any) -> str:
-    from parity.serve.spec import from_scenario
-    from parity.serve.suite import config_key
+def _plan(config: pytest.Config, scenario: Any) -> Any:
+    from parity.serve.suite import ServePlan
 
-    key = config_key(from_scenario(scenario)[0])
-    return "parity-serve-" + hashlib.sha1(key.encode()).hexdigest()[:10]
+    return ServePlan.of(scenario, _project(config))
+
+
+def _config_group(plan: Any) -> str:
+    return "parity-serve-" + hashlib.sha1(plan.key.encode()).hexdigest()[:10]

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity._codec import JsonMixin
 from parity.serve.run import ServeRun
 
@@ -147,6 +147,7 @@ class Status(enum.StrEnum):
     DIVERGENCE = "divergence"
     EXPECT_FAILED = "expect_failed"
     ERROR = "error"  # no target could run the scenario
+    UNSUPPORTED = "unsupported"  # a target lacks what the scenario needs: nothing to compare
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.differ import diff_runs
 from parity.errors import TargetStartError
 from parity.expect import check_expect
@@ -33,7 +34,7 @@ from parity.results import (
     TargetRun,
     Wedge,
 )
-from parity.scenario import Scenario
+from parity.scenario import ConfigSpec, Scenario
 from parity.targets.base import SchedulerTarget
 
 
@@ -82,11 +83,20 @@ class _Tally:
         )
 
 
-def run_target(scenario: Scenario, target: SchedulerTarget) -> TargetRun:
+def resolved_config(config: ConfigSpec, project: Any = None) -> ConfigSpec:
+    """``config`` with ``model`` an absolute folder (a named model built on demand), so every
+    target of a run reads the same model whatever its working directory."""
+    from parity.serve.spec import resolve_model
+
+    folder = resolve_model(config.model or "scripted", project)
+    return config.model_copy(update={"model": str(folder)})
+
+
+def run_target(scenario: Scenario, target: SchedulerTarget, project: Any = None) -> TargetRun:
     """Run ``scenario`` on one target (started here, closed here), bounded by its limits."""
     began = time.perf_counter()
     try:
-        target.start(scenario.config)
+        target.start(resolved_config(scenario.config, project))
     except TargetStartError as exc:
         summary = RunSummary(target.name, 0, {}, error=str(exc), started=False)
         return TargetRun(scenario.id, summary)
@@ -160,11 +170,11 @@ def _error_text(what: str, exc: BaseException) -> str:
 
 
 def run_scenario(
-    scenario: Scenario, targets: Sequence[SchedulerTarget]
+    scenario: Scenario, targets: Sequence[SchedulerTarget], project: Any = None
 ) -> tuple[ScenarioResult, tuple[TargetRun, ...]]:
     """Run ``scenario`` on every target, diff each against the first, check ``expect:``."""
     began = time.perf_counter()
-    runs = tuple(run_target(scenario, target) for target in targets)
+    runs = tuple(run_target(scenario, target, project) for target in targets)
     divergences: list[Divergence] = []
     for other in runs[1:]:
         divergences.extend(diff_runs(scenario, runs[0], other))

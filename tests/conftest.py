@@ -1,7 +1,14 @@
-"""Shared fixtures: the built test models.
+"""Shared fixtures (the built test models) and the hypothesis profiles of the whole suite.
 
 ``make test`` builds the models into ``.cache/models`` first; when a test runs without them
 (e.g. plain ``pytest`` on a fresh clone) they are built into a temporary folder instead.
+
+Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE`` (default ``ci``; ``--hypothesis-profile``
+wins when given): ``ci`` is derandomized (each test's examples follow from its own source, no
+example database, no deadline), so a red run is reproduced by the same command and two runs on
+one commit draw the same examples; ``deep`` (``make soak``) draws fresh random examples every
+run, more of them where a test does not set its own count, and keeps the example database. A
+failure the soak finds becomes an explicit ``@example`` on its test, so CI keeps checking it.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / ".cache" / "models"
@@ -17,12 +25,41 @@ MODELS = ROOT / ".cache" / "models"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+PROFILE_ENV = "HYPOTHESIS_PROFILE"
+PROFILES = ("ci", "deep")
+
+
+def _register_profiles() -> None:
+    common = {"deadline": None, "print_blob": True}  # no wall-clock limits on a shared machine
+    slow = [HealthCheck.too_slow]
+    settings.register_profile(
+        "ci", derandomize=True, database=None, suppress_health_check=slow, **common
+    )
+    settings.register_profile(
+        "deep", derandomize=False, max_examples=1000, suppress_health_check=slow, **common
+    )
+
+
+_register_profiles()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the profile before any test module builds its ``settings`` (they inherit from it)."""
+    if config.getoption("hypothesis_profile", None):
+        return  # hypothesis's own plugin loads the one named on the command line
+    name = os.environ.get(PROFILE_ENV, "").strip() or "ci"
+    if name not in PROFILES:
+        raise pytest.UsageError(
+            f"{PROFILE_ENV}={name!r}: not a profile (one of {', '.join(PROFILES)})"
+        )
+    settings.load_profile(name)
+
 
 def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = MODELS / variant
     if (built / "model.safetensors").exists():
         return built
-    from engine.scripted.builder import build
+    from contract.scripted.builder import build
 
     out = tmp_path_factory.mktemp(f"model-{variant}")
     build(variant, out)
@@ -31,7 +68,7 @@ def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The scripted model folder (greedy output known in advance: engine.scripted.script)."""
+    """The scripted model folder (greedy output known in advance: contract.scripted.script)."""
     return _model_dir("scripted", tmp_path_factory)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from contract.trace import StepTrace
 from engine.config import ConfigError, EngineConfig
 from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.output import SchedulerOutput
@@ -23,7 +24,6 @@ from engine.core.sched.scheduler import Scheduler, SchedulerStats
 from engine.core.step_trace import build_step_trace
 from engine.outputs import ModelRunnerOutput
 from engine.request import Request, RequestStatus
-from engine.trace import StepTrace
 
 
 class ModelRunner(Protocol):

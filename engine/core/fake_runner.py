@@ -6,7 +6,7 @@ per-request state (tokens, computed count, block table) built from ``NewRequestD
 from ``CachedRequestData`` (a resumed request's block table is replaced, not extended), drops
 state for ``finished_req_ids``, samples nothing for a partial prefill chunk, and appends its own
 sampled token to its state. Each request also keeps an incremental ``ScriptState``
-(``engine/scripted/script.py``): fed its prompt and every appended token, rebuilt from all
+(``contract/scripted/script.py``): fed its prompt and every appended token, rebuilt from all
 tokens when a resumed request's tokens are replaced, so a step costs O(1) per request instead of
 re-reading the whole context. ``min_tokens`` is enforced the way ``MinTokensLogitsProcessor``
 (v1/sample/logits_processor/builtin.py:165-260) does it: while fewer than ``min_tokens`` outputs
@@ -20,17 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from contract.scripted.script import ContextState, ScriptState, new_state
 from engine.core.sched.output import SchedulerOutput
 from engine.outputs import ModelRunnerOutput
 from engine.request import min_tokens_banned_ids
 from engine.sampling_params import SamplingParams
-from engine.scripted.script import ContextState, ScriptState, new_state
 
 
 class Script(Protocol):
-    """The scripted model's greedy behaviour (engine/scripted/script.py). A script that also
+    """The scripted model's greedy behaviour (contract/scripted/script.py). A script that also
     has a ``ScriptState`` factory (that module does) is asked incrementally, any other through
-    ``ContextState`` with the whole context (``engine.scripted.script.new_state``)."""
+    ``ContextState`` with the whole context (``contract.scripted.script.new_state``)."""
 
     def next_token(self, context: Sequence[int]) -> int: ...
     def ranked(self, context: Sequence[int]) -> list[int]: ...
@@ -49,7 +49,7 @@ class _RunnerRequest:
 
 
 def _default_script() -> Script:
-    from engine.scripted import script
+    from contract.scripted import script
 
     return script  # type: ignore[return-value]
 

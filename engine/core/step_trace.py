@@ -1,6 +1,6 @@
-"""Build a ``StepTrace`` (engine/trace.py) from our scheduler after one step.
+"""Build a ``StepTrace`` (contract/trace.py) from our scheduler after one step.
 
-The observation points are the ones ``engine/trace.py`` documents: scheduled ids and token counts
+The observation points are the ones ``contract/trace.py`` documents: scheduled ids and token counts
 from this step's ``SchedulerOutput``; preempted ids in preemption order from this
 ``schedule()``; everything else read after ``update_from_output()``.
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from contract.trace import StepTrace
 from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.output import SchedulerOutput
 from engine.core.sched.scheduler import Scheduler
-from engine.trace import StepTrace
 
 
 def build_step_trace(

@@ -14,7 +14,7 @@ is ours.
 
 Also ours (not upstream):
 - ``--divergence NAME`` (repeatable): switch on a documented deviation from upstream, one of
-  ``engine.divergence.PROFILES`` (legacy-capacity, no-max-tokens-clamp, abort-unservable,
+  ``contract.profiles.PROFILES`` (legacy-capacity, no-max-tokens-clamp, abort-unservable,
   sigterm-ignored-while-wedged, reasoning-content-field); an unknown name is one error line,
   exit 2.
 - ``--[no-]enable-debug-endpoint``: ``GET /debug/scheduler``, the scheduler-state dump (queues,

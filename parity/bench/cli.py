@@ -32,11 +32,11 @@ from parity.bench.progress import BenchProgress
 from parity.bench.report import SCHEMA, VERDICT, update_latest, write_run
 from parity.bench.serve import default_config, run_serve_tier
 from parity.bench.targets import evaluate
-from parity.serve.spec import MODELS_DIR, ROOT
+from parity.project import current_project
 from parity.serve.targets import server_flags
 
 PHASES = ("serve", "scheduler", "harness")
-DEFAULT_OUT = ROOT / "reports" / "bench"
+DEFAULT_OUT = current_project().reports / "bench"
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,10 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--repetitions", type=int, default=None, help="default 3 (quick: 1)")
     parser.add_argument(
-        "--model", type=Path, default=MODELS_DIR / "scripted", help="scripted model folder"
+        "--model",
+        type=Path,
+        default=current_project().models / "scripted",
+        help="scripted model folder",
     )
     parser.add_argument("--only", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument(

@@ -17,7 +17,7 @@ import math
 import random
 from typing import Any
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 from parity.scenario import Scenario
 
 _BODY = (

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 from parity.bench.stats import median, rounded
 from parity.serve import ServeLimits, ServerConfig, ServeRequestSpec, ServerPool, run_serve
 from parity.serve.observe import STALL_OUTCOMES

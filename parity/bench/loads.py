@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 from parity.bench.stats import percentile, ratio, rounded
 from parity.serve import (
     RequestObservation,

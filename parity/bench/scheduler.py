@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.bench.differential import random_scenario
 from parity.bench.stats import median, ratio, rounded
 from parity.bench_scheduler import make_workload, run_once

@@ -298,10 +298,15 @@ def _pre(lines: list[str], side: str) -> str:
 
 
 def _match_text(match: dict[str, Any]) -> str:
-    """An entry's match keys joined with `` / `` (a list of globs joined with ``|``)."""
-    return " / ".join(
-        "|".join(v) if isinstance(v, list | tuple) else str(v) for v in match.values()
-    )
+    """An entry's match keys joined with `` / `` (a list of globs joined with ``|``; the pair
+    as ``LEFT vs RIGHT``)."""
+    return " / ".join(_match_value(key, value) for key, value in match.items())
+
+
+def _match_value(key: str, value: Any) -> str:
+    if key == "pair":
+        return " vs ".join(value)
+    return "|".join(value) if isinstance(value, list | tuple) else str(value)
 
 
 def _entries(data: ReportData) -> str:

@@ -242,7 +242,8 @@ def _entry_view(result: Any) -> EntryView:
         matched=result.matched,
         decision=entry.decision,
         reason=entry.reason,
-        match={"scenario": m.scenario, "kind": m.kind, "path": m.path, "target": m.target},
+        match={"scenario": m.scenario, "kind": m.kind, "path": m.path, "target": m.target}
+        | ({} if m.pair is None else {"pair": m.pair}),
         line=result.line,
         link=entry.link,
     )

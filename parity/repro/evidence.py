@@ -87,8 +87,8 @@ class WedgeEvidence(JsonMixin):
 
 
 async def scheduler_dump(handle: ServerHandle) -> tuple[dict[str, Any] | None, str | None]:
-    if handle.target.kind != "engine":
-        return None, f"{handle.target.kind} targets have no scheduler dump endpoint"
+    if not handle.capabilities.get("debug_scheduler", False):
+        return None, f"{handle.label} has no scheduler dump endpoint (GET /debug/scheduler)"
     try:
         async with httpx.AsyncClient(timeout=DUMP_TIMEOUT_S) as client:
             resp = await client.get(f"{handle.url}/debug/scheduler")

@@ -46,7 +46,7 @@ from pydantic import (
 )
 
 from parity._yaml import LineMap, Path, line_of, load_with_lines
-from parity.errors import Problem, ScenarioError
+from parity.errors import Problem, ScenarioError, brief
 from parity.loader import dotted, schema_problems
 from parity.scenario import ConfigSpec, LimitsSpec, RequestSpec, Scenario
 from parity.serve.observe import OUTCOMES
@@ -216,18 +216,18 @@ def parse_repro(text: str, file: str, stem: str | None = None) -> Repro:
 def _checks(repro: Repro, stem: str | None) -> list[tuple[Path, str]]:
     found: list[tuple[Path, str]] = []
     if stem is not None and repro.id != stem:
-        found.append((("id",), f"{repro.id!r} must equal the file name {stem!r}{SUFFIX}"))
+        found.append((("id",), f"{brief(repro.id)} must equal the file name {brief(stem)}{SUFFIX}"))
     names: set[str] = set()
     for i, leg in enumerate(repro.legs):
         where: Path = ("legs", i)
         if leg.name in names:
-            found.append(((*where, "name"), f"duplicate leg name {leg.name!r}"))
+            found.append(((*where, "name"), f"duplicate leg name {brief(leg.name)}"))
         names.add(leg.name)
         ids: set[str] = set()
         for j, request in enumerate(leg.requests):
             at: Path = (*where, "requests", j)
             if request.id in ids:
-                found.append(((*at, "id"), f"duplicate request id {request.id!r}"))
+                found.append(((*at, "id"), f"duplicate request id {brief(request.id)}"))
             ids.add(request.id)
             forms = [k for k in ("prompt_token_ids", "prompt", "messages") if getattr(request, k)]
             if len(forms) != 1:
@@ -246,10 +246,10 @@ def _checks(repro: Repro, stem: str | None) -> list[tuple[Path, str]]:
                     found.append(
                         (
                             spot,
-                            f"unknown outcome {outcome!r} (known: {', '.join(sorted(EXPECTABLE))})",
+                            f"unknown outcome {brief(outcome)} (known: {', '.join(sorted(EXPECTABLE))})",
                         )
                     )
             for rid in entry.requests:
                 if rid not in ids:
-                    found.append((spot, f"unknown request {rid!r}"))
+                    found.append((spot, f"unknown request {brief(rid)}"))
     return found

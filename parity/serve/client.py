@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -75,9 +76,11 @@ async def observe_request(
     monitor: TargetMonitor,
     limits: ServeLimits,
     tick_s: float = 0.05,
+    accepts: Callable[[str], bool] | None = None,
 ) -> RequestObservation:
-    """Send ``spec`` once (as ``request_id``) and return what was observed."""
-    body = spec.request_body(model)
+    """Send ``spec`` once (as ``request_id``) and return what was observed; ``accepts`` says
+    which of the harness's own body fields the target takes (all when None)."""
+    body = spec.request_body(model, accepts)
     state = _State(send=time.monotonic())
     reader = asyncio.create_task(_read(client, base_url + spec.path, body, state))
     outcome, detail, stall = await _watch(reader, state, monitor, limits, tick_s)

@@ -8,13 +8,16 @@ path that ``parity.signatures`` understands:
   ``startup.error_type`` (the exception class) and ``startup.numbers.<name>`` (the
   estimated maximum model length, the max seq len checked); when both started,
   ``startup.numbers.auto_fit_max_model_len``.
-- ``facts.max_model_len`` / ``facts.model_id`` (kind ``models``): ``/v1/models``.
+- ``facts.max_model_len`` / ``facts.model_id`` (kind ``models``): ``/v1/models`` (the id
+  only when both servers were given the served model name).
 - ``requests.<id>.<field>`` per request copy (``<id>`` is the scenario id, or ``id#k`` for
   a repeated copy): ``outcome`` (kind ``outcome``; when outcomes differ the rest of that request
   is a consequence and only ``status`` / ``error.*`` are added), ``status``,
   ``error.type|param|message|code`` (messages compared exactly: the engine mirrors them),
   ``headers.content-type``, ``finish_reason``, ``stop_reason``, ``role``, ``text``,
-  ``reasoning``, ``reasoning_key``, ``token_ids``, ``prompt_token_ids``, ``num_choices``,
+  ``reasoning``, ``reasoning_key``, ``token_ids`` (the servers' own when both sent them, else
+  the text tokenized on both sides: ``parity.serve.derive``), ``prompt_token_ids`` (only when
+  both were asked for token ids), ``num_choices``,
   ``choices[i].<field>`` for the other choices of an ``n > 1`` request (``CHOICE_FIELDS``),
   ``usage.<key>`` (nested keys dotted, e.g. ``usage.completion_tokens_details.reasoning_tokens``),
   ``logprobs.*`` (token and rank order exact, values within ``limits.logprob_tolerance``),
@@ -31,7 +34,9 @@ path that ``parity.signatures`` understands:
   (``exited`` / ``survived`` / ``gone``; ``ServeRun.sigterm``, set by a repro's ``sigterm``
   leg), when both sides were sent one.
 
-Normalised away (they must not count): ids, ``created``, ``system_fingerprint``, ``null`` versus
+Normalised away (they must not count): ids, ``created``, ``system_fingerprint``, the token-id
+keys when only one side was asked for them (the harness asks only targets that accept
+``return_token_ids``), ``null`` versus
 an absent key (upstream serialises chunks with ``exclude_unset``, so explicitly passed ``None``
 fields appear as ``null`` only sometimes: upstream-vllm-spec.md B6.4), SSE chunk boundaries
 (text and token ids are compared concatenated; frames that carry no text, role, finish or usage,
@@ -63,6 +68,9 @@ from parity.serve.run import ServeRun
 from parity.signatures import frame_kind
 
 IGNORED_KEYS = frozenset({"id", "created", "system_fingerprint"})
+# ... and, when only one side was asked for token ids (the harness asks a target only when it
+# accepts return_token_ids), the keys that answer that question.
+HARNESS_KEYS = IGNORED_KEYS | {"token_ids", "prompt_token_ids"}
 # Response keys compared by the parsed comparisons (not by the key-shape walk).
 COVERED_KEYS = frozenset(
     {"text", "content", "reasoning", "reasoning_content", "finish_reason", "stop_reason"}
@@ -130,7 +138,8 @@ def diff_serve_runs(scenario: Scenario, left: ServeRun, right: ServeRun) -> tupl
     if not _diff_startup(out, left.startup, right.startup):
         return tuple(out.found)
     a, b = left.facts, right.facts
-    for name in ("max_model_len", "model_id"):
+    named = all("served_model_name" in run.startup.took for run in (left, right))
+    for name in ("max_model_len", "model_id") if named else ("max_model_len",):
         x, y = getattr(a, name, None), getattr(b, name, None)
         if x != y:
             out.add("models", f"facts.{name}", x, y)
@@ -216,11 +225,15 @@ def _diff_request(
     if x_type != y_type:
         add("response", "headers.content-type", x_type, y_type)
     markers = scenario.config.reasoning_parser is not None
+    derived = _derived(a) or _derived(b)
+    asked = _asked_ids(a) and _asked_ids(b)
     for name in RESULT_FIELDS:
-        x, y = _field(a, name, markers), _field(b, name, markers)
+        if name == "prompt_token_ids" and not asked:
+            continue  # only a target that returns token ids sends them
+        x, y = _field(a, name, markers, derived=derived), _field(b, name, markers, derived=derived)
         if x != y:
             add("response", name, x, y)
-    _diff_choices(add, a, b, markers)
+    _diff_choices(add, a, b, markers, derived)
     x_usage, y_usage = _flat(a.result.usage or {}), _flat(b.result.usage or {})
     for key in _union(x_usage, y_usage):
         if x_usage.get(key) != y_usage.get(key):
@@ -228,30 +241,54 @@ def _diff_request(
     tolerance = scenario.limits.logprob_tolerance
     for suffix, x, y in diff_logprobs(logprobs_of(a), logprobs_of(b), tolerance):
         add("response", "logprobs" + ("" if suffix.startswith("[") else ".") + suffix, x, y)
+    ignored = IGNORED_KEYS if asked or not (_asked_ids(a) or _asked_ids(b)) else HARNESS_KEYS
     if a.stream or b.stream:
-        _diff_stream(add, a, b)
+        _diff_stream(add, a, b, ignored)
     else:
-        _diff_shape(add, "body", _body_json(a), _body_json(b))
+        _diff_shape(add, "body", _body_json(a), _body_json(b), ignored=ignored)
     _diff_timing(add, scenario, a, b)
 
 
-def _field(observation: RequestObservation, name: str, markers: bool, source: Any = None) -> Any:
+def _derived(observation: RequestObservation) -> bool:
+    """Some token ids of this observation were tokenized from its text (parity.serve.derive)."""
+    result = observation.result
+    return result.token_ids_derived or any(c.token_ids_derived for c in result.other_choices)
+
+
+def _asked_ids(observation: RequestObservation) -> bool:
+    """The request asked the server for its token ids (``return_token_ids``)."""
+    return bool(observation.request_body.get("return_token_ids"))
+
+
+def _field(
+    observation: RequestObservation,
+    name: str,
+    markers: bool,
+    source: Any = None,
+    *,
+    derived: bool = False,
+) -> Any:
     """A result field of choice 0 (or of ``source``, another choice); streamed reasoning
-    without the ``<think>`` marker text (see the module docstring)."""
+    without the ``<think>`` marker text (see the module docstring); token ids tokenized from
+    the text on both sides when either side's are (``derived``: like for like)."""
+    if name == "token_ids" and derived:
+        name = "text_token_ids"
     value = getattr(source if source is not None else observation.result, name, None)
     if markers and observation.stream and name == "reasoning" and isinstance(value, str):
         return value.replace(THINK_START, "")
     return value
 
 
-def _diff_choices(add: Any, a: RequestObservation, b: RequestObservation, markers: bool) -> None:
+def _diff_choices(
+    add: Any, a: RequestObservation, b: RequestObservation, markers: bool, derived: bool
+) -> None:
     """The choices after the first (n > 1), matched by index."""
     x = {c.index: c for c in a.result.other_choices}
     y = {c.index: c for c in b.result.other_choices}
     for index in sorted(set(x) | set(y)):
         for name in CHOICE_FIELDS:
-            left = _field(a, name, markers, x[index]) if index in x else None
-            right = _field(b, name, markers, y[index]) if index in y else None
+            left = _field(a, name, markers, x[index], derived=derived) if index in x else None
+            right = _field(b, name, markers, y[index], derived=derived) if index in y else None
             if left != right:
                 add("response", f"choices[{index}].{name}", left, right)
 
@@ -268,13 +305,22 @@ def _diff_error(add: Any, a: RequestObservation, b: RequestObservation) -> None:
             add("response", f"error.{key}", x.get(key, ABSENT), y.get(key, ABSENT))
 
 
-def _diff_stream(add: Any, a: RequestObservation, b: RequestObservation) -> None:
+def _diff_stream(
+    add: Any, a: RequestObservation, b: RequestObservation, ignored: frozenset[str]
+) -> None:
     if a.done != b.done:
         add("frames", "done", a.done, b.done)
     x, y = frame_kinds(a), frame_kinds(b)
     if x != y:
         add("frames", "frames", list(x), list(y))
-    _diff_shape(add, "frames", _frame_payloads(a), _frame_payloads(b), values=FRAME_VALUE_KEYS)
+    _diff_shape(
+        add,
+        "frames",
+        _frame_payloads(a),
+        _frame_payloads(b),
+        values=FRAME_VALUE_KEYS,
+        ignored=ignored,
+    )
 
 
 def frame_kinds(observation: RequestObservation) -> tuple[str, ...]:
@@ -356,37 +402,51 @@ def _body_json(observation: RequestObservation) -> Any:
 
 
 def _diff_shape(
-    add: Any, prefix: str, x: Any, y: Any, *, values: frozenset[str] | None = None
+    add: Any,
+    prefix: str,
+    x: Any,
+    y: Any,
+    *,
+    values: frozenset[str] | None = None,
+    ignored: frozenset[str] = IGNORED_KEYS,
 ) -> None:
     """Keys present on one side only, and values of uncovered scalar fields that differ."""
-    xs, ys = key_shape(x, values), key_shape(y, values)
+    xs, ys = key_shape(x, values, ignored), key_shape(y, values, ignored)
     for key in _union(xs, ys):
         if xs.get(key) != ys.get(key):
             add("response" if prefix == "body" else "frames", f"{prefix}.{key}",
                 xs.get(key, ABSENT), ys.get(key, ABSENT))  # fmt: skip
 
 
-def key_shape(data: Any, values: frozenset[str] | None = None) -> dict[str, Any]:
+def key_shape(
+    data: Any, values: frozenset[str] | None = None, ignored: frozenset[str] = IGNORED_KEYS
+) -> dict[str, Any]:
     """``{dotted key path: value}`` of a JSON document: list indices collapsed to ``[]``,
     ``null`` dropped (null and absent are the same), ignored keys (ids, created, fingerprint)
     dropped, covered keys (text, usage, logprobs, ...) kept as ``<present>`` only. Scalar
     values are kept (as a sorted list of the values seen under that path) when ``values`` is
     None or the key is in ``values``; otherwise ``<present>``."""
     found: dict[str, set[str]] = {}
-    _walk(data, "", found, values)
+    _walk(data, "", found, values, ignored)
     return {key: sorted(seen) if seen else "<present>" for key, seen in found.items()}
 
 
-def _walk(node: Any, path: str, found: dict[str, set[str]], values: frozenset[str] | None) -> None:
+def _walk(
+    node: Any,
+    path: str,
+    found: dict[str, set[str]],
+    values: frozenset[str] | None,
+    ignored: frozenset[str],
+) -> None:
     if isinstance(node, dict):
         for key, value in node.items():
-            if value is None or key in IGNORED_KEYS:
+            if value is None or key in ignored:
                 continue
             child = f"{path}.{key}" if path else str(key)
             if key in COVERED_KEYS:
                 found.setdefault(child, set())
                 continue
-            _walk(value, child, found, values)
+            _walk(value, child, found, values, ignored)
             if isinstance(value, dict | list):
                 continue
             seen = found.setdefault(child, set())
@@ -394,7 +454,7 @@ def _walk(node: Any, path: str, found: dict[str, set[str]], values: frozenset[st
                 seen.add(json.dumps(value))
     elif isinstance(node, list):
         for item in node:
-            _walk(item, f"{path}[]", found, values)
+            _walk(item, f"{path}[]", found, values, ignored)
 
 
 # -- logprobs -----------------------------------------------------------------------------

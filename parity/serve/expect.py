@@ -24,11 +24,15 @@ STARTUP_PATH = "expect.startup"
 
 
 def _num_output_tokens(obs: RequestObservation) -> int | None:
-    if obs.result.token_ids is not None:
+    """The server's own token ids, else its usage count, else the ids derived from the text
+    (which miss what never reaches the text, e.g. ``</s>``)."""
+    if obs.result.token_ids is not None and not obs.result.token_ids_derived:
         return len(obs.result.token_ids)
     usage = obs.result.usage or {}
     value = usage.get("completion_tokens")
-    return int(value) if isinstance(value, int) else None
+    if isinstance(value, int):
+        return value
+    return len(obs.result.token_ids) if obs.result.token_ids is not None else None
 
 
 _PER_REQUEST: dict[str, Any] = {

@@ -172,6 +172,8 @@ class ChoiceResult(JsonMixin):
     token_ids: tuple[int, ...] | None = None
     text: str | None = None  # completions text, or chat content
     reasoning: str | None = None
+    token_ids_derived: bool = False  # token_ids tokenized from the text (parity.serve.derive)
+    text_token_ids: tuple[int, ...] | None = None  # the text tokenized, for like-for-like
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,10 @@ class Parsed(JsonMixin):
     num_choices: int = 0
     num_token_frames: int = 0  # frames that carried a token (streaming)
     other_choices: tuple[ChoiceResult, ...] = ()  # index 1 and up, in index order
+    # token_ids were not sent by the server but tokenized from the text with the scenario
+    # model's tokenizer (parity.serve.derive; exact for the scripted model)
+    token_ids_derived: bool = False
+    text_token_ids: tuple[int, ...] | None = None  # the text tokenized (both sides alike)
 
 
 @dataclass(frozen=True, slots=True)

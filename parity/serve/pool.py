@@ -41,6 +41,7 @@ from parity.serve.targets import (
     ADDRESS_IN_USE,
     HOST,
     TargetSpec,
+    harness_args_taken,
     parse_target,
     server_argv,
     server_cwd,
@@ -70,6 +71,9 @@ class StartupRecord(JsonMixin):
     port: int | None = None
     attempts: int = 1
     log_tail: str = ""
+    # the harness's own keys this target was given (served_model_name, dtype, ...): a fact
+    # the other target was not asked to match is not compared (parity.serve.differ)
+    took: tuple[str, ...] = ()
 
     @property
     def started(self) -> bool:
@@ -96,6 +100,8 @@ class ServerHandle:
         self.startup = startup
         self.process = process
         self.stop_record: StopRecord | None = None
+        # what the server accepts, declared or probed once after it started (probe.py)
+        self.capabilities: dict[str, bool] = {}
         self.final_log_tail: str | None = None
         self.leftover_pids: tuple[int, ...] = ()  # group members still alive after stop
 
@@ -152,6 +158,7 @@ class ServerPool:
         self._handles: dict[tuple[str, tuple[str, ...]], ServerHandle] = {}
         self.retired: list[ServerHandle] = []  # crashed servers replaced by a new start
         self._count = 0
+        self._probed: dict[str, dict[str, bool]] = {}  # target label -> probed capabilities
         self.closed = False
 
     def __enter__(self) -> ServerPool:
@@ -175,16 +182,25 @@ class ServerPool:
         if self.closed:
             raise RuntimeError("ServerPool is closed")
         spec = parse_target(target) if isinstance(target, str) else target
-        key = (spec.label, tuple(server_argv(spec, config, 0)))  # port 0: same config, same key
+        key = self.key(spec, config)
         handle = self._handles.get(key)
         if handle is not None and (not handle.startup.started or handle.alive()):
             return handle
         if handle is not None:  # it died since it started: record that, start a new one
             handle.stop(grace_s=0.5)
             self.retired.append(handle)
-        handle = self._start(spec, config, startup_timeout_s)
+        handle = self._start(spec, config, spec.serve.startup_timeout_s or startup_timeout_s)
+        if handle.startup.started:
+            from parity.serve.probe import capabilities
+
+            handle.capabilities = capabilities(handle, self._probed)
         self._handles[key] = handle
         return handle
+
+    @staticmethod
+    def key(spec: TargetSpec, config: ServerConfig) -> tuple[str, tuple[str, ...]]:
+        """Servers of equal keys are one server (port 0: the same config gives the same key)."""
+        return (spec.label, tuple(server_argv(spec, config, 0)))
 
     def stop(self, handle: ServerHandle, grace_s: float | None = None) -> StopRecord | None:
         """Stop one server now (e.g. a SIGTERM leg); it is replaced on the next ``get``."""
@@ -221,9 +237,15 @@ class ServerPool:
         log = self.log_dir / f"{self._count:02d}-{_slug(spec.label)}.log"
         began = time.monotonic()
         process = ManagedProcess(argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec))
-        record = dict(target=spec.label, argv=tuple(argv), port=port, attempts=attempt)
+        record = dict(
+            target=spec.label,
+            argv=tuple(argv),
+            port=port,
+            attempts=attempt,
+            took=harness_args_taken(spec, config),
+        )
         try:
-            elapsed = process.wait_healthy(f"http://{HOST}:{port}/health", timeout_s)
+            elapsed = process.wait_healthy(f"http://{HOST}:{port}{spec.serve.health}", timeout_s)
         except StartupError as exc:
             timed_out = exc.returncode is None and process.alive()
             process.stop(grace_s=min(self.grace_s, 5.0))
@@ -241,7 +263,7 @@ class ServerPool:
             handle = ServerHandle(spec, config, startup, process)
             handle.stop()  # already stopped: records it and waits for the group to be gone
             return handle
-        if spec.kind != "external" and not listens_in_group(process.pid, port):
+        if spec.serve.port_in_group and not listens_in_group(process.pid, port):
             # free_port() raced with another pool: /health was answered by someone else's
             # server on this port. Ours never bound it; stop it and let _start retry.
             process.stop(grace_s=min(self.grace_s, 5.0))

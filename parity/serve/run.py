@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from parity._codec import JsonMixin
 from parity.serve.client import observe_request
+from parity.serve.derive import with_text_ids
 from parity.serve.monitor import TargetMonitor
 from parity.serve.observe import (
     HealthSample,
@@ -65,6 +66,17 @@ class ServeRun(JsonMixin):
     # SIGTERM sent while requests were outstanding (a repro's ``sigterm`` leg): ``exited``
     # within the grace period, ``survived`` (SIGKILL needed) or ``gone``; None: not sent
     sigterm: str | None = None
+    # why this target cannot run the scenario (a config key or vLLM extension it lacks): the
+    # run was not made, and nothing of it is compared (UNSUPPORTED, not a divergence)
+    unsupported: str | None = None
+    # what the server accepts (declared, or probed once: parity.serve.probe)
+    capabilities: dict[str, bool] = field(default_factory=dict)
+
+    @classmethod
+    def not_supported(cls, target: str, reason: str, limits: ServeLimits) -> ServeRun:
+        """The placeholder run of a target that cannot run the scenario."""
+        record = StartupRecord(target=target, outcome="unsupported", error=reason)
+        return cls(target=target, startup=record, limits=limits, unsupported=reason)
 
     @property
     def outcomes(self) -> dict[str, str]:
@@ -76,6 +88,8 @@ class ServeRun(JsonMixin):
 
     def describe(self) -> str:
         """One line: the startup outcome, or how many requests ended how."""
+        if self.unsupported is not None:
+            return f"unsupported: {self.unsupported}"
         if not self.startup.started:
             return self.startup.describe()
         counts: dict[str, int] = {}
@@ -150,6 +164,7 @@ async def arun_serve(
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
         observations = await _send_all(handle, requests, limits, monitor, facts)
+        observations = [with_text_ids(o, handle.config.model_dir) for o in observations]
         stop.set()
         await asyncio.wait({poller}, timeout=5.0)
         after = await monitor.sample_metrics() if handle.alive() else None
@@ -171,6 +186,7 @@ async def arun_serve(
         elapsed_s=round(time.monotonic() - began, 3),
         server_alive_after=handle.alive(),
         log_tail=handle.log_tail(LOG_TAIL_BYTES) if troubled else "",
+        capabilities=dict(handle.capabilities),
     )
 
 
@@ -193,7 +209,7 @@ async def _send_all(
         phase_t0 = time.monotonic()  # at_ms counts from here
         tasks = [
             asyncio.create_task(
-                _copy(client, handle.url, spec, copy_id, gate, model, monitor, limits, phase_t0)
+                _copy(client, handle, spec, copy_id, gate, model, monitor, limits, phase_t0)
             )
             for spec in requests
             for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
@@ -215,7 +231,7 @@ async def _send_all(
 
 async def _copy(
     client: httpx.AsyncClient,
-    url: str,
+    handle: ServerHandle,
     spec: ServeRequestSpec,
     copy_id: str,
     gate: asyncio.Semaphore,
@@ -229,7 +245,14 @@ async def _copy(
         await asyncio.sleep(delay)
     async with gate:
         return await observe_request(
-            client, url, spec, copy_id, model=model, monitor=monitor, limits=limits
+            client,
+            handle.url,
+            spec,
+            copy_id,
+            model=model,
+            monitor=monitor,
+            limits=limits,
+            accepts=lambda key: handle.capabilities.get(key, True),
         )
 
 

@@ -14,15 +14,15 @@ the config keys are vLLM's engine-arg names (``vllm/engine/arg_utils.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.engine_args import SERVE_ARGS
 from parity._codec import JsonMixin
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS_DIR = ROOT / ".cache" / "models"
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the harness's packages
 
 Endpoint = Literal["completions", "chat"]
 ENDPOINT_PATHS: dict[str, str] = {
@@ -34,21 +34,11 @@ DEFAULT_STARTUP_TIMEOUT_S = 240.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_STALL_S = 2.0
 
-# ConfigSpec keys that map one-to-one to ``--kebab-case`` server flags.
-CONFIG_FLAG_KEYS = (
-    "block_size",
-    "num_gpu_blocks_override",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "enable_chunked_prefill",
-    "scheduling_policy",
-    "long_prefill_token_threshold",
-    "dtype",
-    "seed",
-    "reasoning_parser",
-)
+# ConfigSpec keys a server takes as flags (vLLM spells them ``--kebab-case``).
+CONFIG_FLAG_KEYS = SERVE_ARGS
+# Body fields the harness adds for comparison (when the target accepts them and the scenario
+# did not set them itself): the generated token ids.
+HARNESS_FIELDS: dict[str, Any] = {"return_token_ids": True}
 # Server flags a scenario file may put in ``config.extra_args``: the engine server's flags that
 # neither load code nor read files. Anything else (vLLM's ``--tool-parser-plugin FILE``,
 # ``--trust-remote-code``, ``--middleware``, ``--worker-cls``, ``--chat-template FILE``, ...)
@@ -78,7 +68,7 @@ _NON_BODY_KEYS = frozenset(
 class ServerConfig(JsonMixin):
     """One server's configuration: vLLM engine args (only the ones set) and extra flags."""
 
-    model: str = "scripted"  # a folder, or the name of a built model in .cache/models
+    model: str = "scripted"  # a folder, or the name of a built model of the project
     engine_args: dict[str, Any] = field(default_factory=dict)  # vLLM names, e.g. block_size
     served_model_name: str | None = None  # default: the model folder's name
     extra_args: tuple[str, ...] = ()
@@ -104,6 +94,8 @@ class ServeRequestSpec(JsonMixin):
     stream: bool = False
     max_tokens: int | None = None  # None: the key is absent from the body
     body: dict[str, Any] = field(default_factory=dict)  # sampling fields, stream_options, ...
+    # added by the harness only for a target that accepts them (HARNESS_FIELDS)
+    harness_body: dict[str, Any] = field(default_factory=dict)
     at_ms: float = 0.0
     repeat: int = 1
     concurrency: int | None = None  # None: every copy at once
@@ -119,8 +111,11 @@ class ServeRequestSpec(JsonMixin):
         if self.repeat < 1 or (self.concurrency is not None and self.concurrency < 1):
             raise ValueError(f"request {self.id}: repeat and concurrency must be >= 1")
 
-    def request_body(self, model: str) -> dict[str, Any]:
-        """The JSON body sent to the server."""
+    def request_body(
+        self, model: str, accepts: Callable[[str], bool] | None = None
+    ) -> dict[str, Any]:
+        """The JSON body sent to the server: the scenario's fields, plus the harness's own
+        (``harness_body``) that ``accepts`` says the target takes (all when None)."""
         body: dict[str, Any] = {"model": model}
         if self.messages is not None:
             body["messages"] = [dict(m) for m in self.messages]
@@ -133,7 +128,17 @@ class ServeRequestSpec(JsonMixin):
         if self.stream:
             body["stream"] = True
         body.update(self.body)
+        for key, value in self.harness_body.items():
+            if accepts is None or accepts(key):
+                body[key] = value
         return body
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """The vLLM request extensions the scenario itself asks for (not the harness's)."""
+        from parity.targets.defs import REQUEST_EXTENSIONS
+
+        return tuple(key for key in REQUEST_EXTENSIONS if key in self.body)
 
     @property
     def path(self) -> str:
@@ -155,18 +160,27 @@ class ServeLimits(JsonMixin):
     stall_s: float = DEFAULT_STALL_S
 
 
-def resolve_model(model: str) -> Path:
-    """A bare name (``scripted``) is a built model in ``.cache/models``; else a folder path."""
-    if "/" not in model and "\\" not in model and not model.startswith("."):
-        return MODELS_DIR / model
-    return Path(model)
+def resolve_model(model: str, project: Any = None) -> Path:
+    """A model folder: an absolute path as is; a bare name (``scripted``) is a built model of
+    the project's models folder; any other path is relative to the project's folder."""
+    path = Path(model)
+    if path.is_absolute():
+        return path
+    from parity.models import ensure_model
+    from parity.project import current_project
+
+    folder = (project or current_project()).model_dir(model)
+    return ensure_model(folder) if model == folder.name else folder
 
 
-def config_from_scenario(config: Any, *, model: str | None = None) -> ServerConfig:
-    """A ``ServerConfig`` from a ``parity.scenario.ConfigSpec`` (explicitly set keys only)."""
+def config_from_scenario(
+    config: Any, *, model: str | None = None, project: Any = None
+) -> ServerConfig:
+    """A ``ServerConfig`` from a ``parity.scenario.ConfigSpec`` (explicitly set keys only), its
+    model resolved to an absolute folder (``resolve_model``)."""
     fields_set = set(getattr(config, "model_fields_set", ()))
     engine_args = {k: getattr(config, k) for k in CONFIG_FLAG_KEYS if k in fields_set}
-    chosen = model or getattr(config, "model", None) or "scripted"
+    chosen = str(resolve_model(model or getattr(config, "model", None) or "scripted", project))
     served = getattr(config, "served_model_name", None)
     return ServerConfig(
         model=chosen,
@@ -176,19 +190,20 @@ def config_from_scenario(config: Any, *, model: str | None = None) -> ServerConf
     )
 
 
-def request_from_scenario(request: Any, *, return_token_ids: bool = True) -> ServeRequestSpec:
+def request_from_scenario(request: Any) -> ServeRequestSpec:
     """A ``ServeRequestSpec`` from a ``parity.scenario.RequestSpec``.
 
     Body fields are the keys the file sets (other than the prompt forms and scheduling keys);
-    ``return_token_ids`` is added (true) unless the file sets it, so token ids can be compared.
+    the harness's own fields (``HARNESS_FIELDS``: ``return_token_ids``, so token ids can be
+    compared) go in ``harness_body`` unless the file sets them, and are sent only to a target
+    that accepts them.
     """
     fields_set = set(getattr(request, "model_fields_set", ()))
     body: dict[str, Any] = {}
     for key in sorted(fields_set - _NON_BODY_KEYS):
         value = getattr(request, key)
         body[key] = value.model_dump() if hasattr(value, "model_dump") else value
-    if return_token_ids and "return_token_ids" not in body:
-        body["return_token_ids"] = True
+    harness = {k: v for k, v in HARNESS_FIELDS.items() if k not in body}
     messages = getattr(request, "messages", None)
     endpoint: Endpoint = getattr(request, "endpoint", None) or (
         "chat" if messages else "completions"
@@ -203,6 +218,7 @@ def request_from_scenario(request: Any, *, return_token_ids: bool = True) -> Ser
         stream=bool(getattr(request, "stream", False)),
         max_tokens=getattr(request, "max_tokens", None) if "max_tokens" in fields_set else None,
         body=body,
+        harness_body=harness,
         at_ms=float(getattr(request, "at_ms", None) or 0.0),
         repeat=int(getattr(request, "repeat", 1) or 1),
         concurrency=getattr(request, "concurrency", None),
@@ -232,7 +248,7 @@ def refused_flags(args: Sequence[str]) -> list[str]:
 
 
 def from_scenario(
-    scenario: Any, *, model: str | None = None, allow_any_flags: bool = False
+    scenario: Any, *, model: str | None = None, allow_any_flags: bool = False, project: Any = None
 ) -> tuple[ServerConfig, list[ServeRequestSpec], ServeLimits]:
     """The serve-tier view of a loaded scenario.
 
@@ -252,7 +268,7 @@ def from_scenario(
             "flags that neither load code nor read files: parity.serve.spec.FILE_FLAGS)",
         )
     return (
-        config_from_scenario(scenario.config, model=model),
+        config_from_scenario(scenario.config, model=model, project=project),
         [request_from_scenario(r) for r in scenario.requests],
         limits_from_scenario(scenario.limits),
     )

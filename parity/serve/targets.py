@@ -1,21 +1,26 @@
-"""Serve-tier targets: which server to start, with which flags and environment.
+"""Serve-tier targets: which server to start, with which flags, environment and folder.
 
-Target specs (``--target``):
+A ``--target`` names a target of the project (``parity.project``): the built-ins ``engine``,
+``oracle``, ``oracle[unchecked]`` (test-only: the pinned server with its startup capacity check
+disabled, for wedge reproductions; never for parity) and ``oracle@VERSION`` (another upstream
+release from its own environment), declared in ``parity/defaults.toml``, and a project file's
+own ``[targets.NAME]``. All are data (``parity.targets.defs.ServeDef``): a command with
+placeholders, an environment, a folder, how the server spells each scenario config key, and
+which vLLM extensions it accepts. There is no special path for any of them.
 
-- ``engine``: our server, ``python -m engine serve MODEL --port P [vLLM flags]``.
-- ``oracle``: the pinned vLLM server through ``python -m oracle serve`` (``oracle.launcher``).
-- ``oracle[unchecked]``: the same with upstream's startup KV capacity check disabled
-  (``oracle_env(unchecked=True)``, test-only, for wedge reproductions; never for parity).
-- ``external:<command>``: anyone's OpenAI-compatible server. The command is split with
-  ``shlex`` (never run through a shell); ``{port}``, ``{model}`` and ``{model_name}`` are
-  replaced in each word; the server flags are appended, or put where a ``{flags}`` word is.
+``external:<command>`` (command line only) is an ad-hoc target that speaks vLLM's flags; its
+words are split with ``shlex`` (never run through a shell), ``{port}``, ``{model}`` and
+``{model_name}`` are replaced, and the server flags go where a ``{flags}`` word is, or at the
+end. Any target may be followed by extra server flags, appended after the scenario's:
+``engine --divergence legacy-capacity``. A target's label (reports, ledger ``target`` globs)
+is its name plus those flags; an external one is ``external:<program>``.
 
-``engine`` and ``oracle`` may be followed by extra server flags, e.g.
-``engine --divergence legacy-capacity``: they are appended after the scenario's flags.
-
-Both sides get the flags that make them comparable (oracle-cpu.md): ``--enforce-eager``,
-``--no-async-scheduling``, ``--dtype float32`` unless the scenario sets a dtype, and
-``--served-model-name``; ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB) in the environment.
+Flags: each key the scenario sets (``ServerConfig.engine_args``) is spelled by the target's
+``flags`` table, or the vLLM way when the target has ``vllm_flags``; one it cannot spell makes
+the scenario unsupported there (``unsupported_reason``). The harness also asks every target for
+what makes servers comparable (``contract.engine_args.HARNESS_ARGS``, float32 unless the
+scenario sets a dtype, the served model name); a target that cannot take one just does not get
+it.
 """
 
 from __future__ import annotations
@@ -23,67 +28,266 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from contract.engine_args import DEFAULT_DTYPE, HARNESS_ARGS, SERVE_ARGS, vllm_flag
 from parity.errors import TargetSpecError
-from parity.serve.spec import CONFIG_FLAG_KEYS, ROOT, ServerConfig
+from parity.serve.spec import ServerConfig
+from parity.targets.defs import CAPABILITIES, ServeDef, TargetDef, common_placeholders, expand
 
 HOST = "127.0.0.1"
-KINDS = ("engine", "oracle", "external")
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-KVCACHE_SPACE_GIB = "1"
-COMPARABLE_FLAGS = ("--enforce-eager", "--no-async-scheduling")
-DEFAULT_DTYPE = "float32"
 
 
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
-    """A parsed ``--target`` value."""
+    """A resolved serve-tier ``--target``: its definition, version and extra flags."""
 
     spec: str  # as given
-    kind: str  # one of KINDS
-    unchecked: bool = False  # oracle[unchecked]
-    command: tuple[str, ...] = ()  # external: the command's words (placeholders unexpanded)
-    extra_flags: tuple[str, ...] = ()  # engine/oracle: flags after the name
+    name: str  # the target's name (a template's bound name: oracle@0.28.0)
+    serve: ServeDef
+    extra_flags: tuple[str, ...] = ()
+    version: str | None = None  # a template target's {version}
+    root: str = field(default_factory=os.getcwd)  # the project folder (default cwd)
+    pins: str = ".cache/pins"  # the project's pins folder
+    ordinal: int = 1  # the n-th target of a run with this same label (distinct_labels)
 
     @property
     def label(self) -> str:
-        """The name reports use (``oracle[unchecked]`` is always marked as such)."""
-        if self.kind == "external":
-            return "external:" + shlex.join(self.command)
-        name = "oracle[unchecked]" if self.unchecked else self.kind
-        return " ".join([name, *(shlex.quote(f) for f in self.extra_flags)])
+        """The name reports and ledgers use: the name plus any extra flags (``#2`` for the
+        second target of a run with the same label)."""
+        text = " ".join([self.name, *(shlex.quote(f) for f in self.extra_flags)])
+        return text if self.ordinal == 1 else f"{text} #{self.ordinal}"
+
+    @property
+    def kind(self) -> str:
+        """``engine``, ``oracle`` or ``external`` (the name's family; for display only)."""
+        head = self.name.split("@", 1)[0].split("[", 1)[0]
+        return head if head in ("engine", "oracle") else "external"
+
+    def accepts(self, capability: str) -> bool | None:
+        """True / False as declared; None when it is to be probed ("auto")."""
+        value = self.serve.capability(capability)
+        return None if value == "auto" else bool(value)
 
 
-def parse_target(spec: str) -> TargetSpec:
-    """Parse a serve-tier ``--target`` value; ``TargetSpecError`` (one line) if malformed."""
+def parse_target(spec: str, project: Any = None) -> TargetSpec:
+    """Resolve a serve-tier ``--target`` value; ``TargetSpecError`` (one line) if it names no
+    target of the project or has no server."""
+    from parity.project import current_project
+
+    project = project or current_project()
     text = spec.strip()
     if text.startswith("external:"):
-        command = _split(text[len("external:") :], spec)
-        if not command:
-            raise TargetSpecError(f"target {spec!r}: external: needs a command")
-        if not any("{port}" in word for word in command):
-            raise TargetSpecError(f"target {spec!r}: the external command must contain {{port}}")
-        return TargetSpec(spec=spec, kind="external", command=tuple(command))
+        return _external(spec, text[len("external:") :], project)
     words = _split(text, spec)
     if not words:
         raise TargetSpecError("empty target")
-    head, flags = words[0], tuple(words[1:])
-    if head in ("engine", "oracle"):
-        return TargetSpec(spec=spec, kind=head, extra_flags=flags)
-    if head == "oracle[unchecked]":
-        return TargetSpec(spec=spec, kind="oracle", unchecked=True, extra_flags=flags)
-    raise TargetSpecError(
-        f"unknown serve-tier target {spec!r} (known: engine, oracle, oracle[unchecked], "
-        "external:<command with {port}>)"
+    definition, version = lookup(words[0], project.targets, spec)
+    if definition.serve is None:
+        raise TargetSpecError(f"target {words[0]!r} has no server (serve tier)")
+    return TargetSpec(
+        spec=spec,
+        name=words[0],
+        serve=definition.serve,
+        extra_flags=tuple(words[1:]),
+        version=version,
+        root=str(project.root),
+        pins=str(project.pins),
     )
+
+
+def parse_targets(specs: Sequence[str], project: Any = None) -> list[TargetSpec]:
+    """``parse_target`` for each spec of a run, equal labels made distinct (``#2``...), so two
+    targets of one pair are never confused."""
+    targets: list[TargetSpec] = []
+    for spec in specs:
+        target = parse_target(spec, project)
+        same = sum(1 for t in targets if t.label.split(" #", 1)[0] == target.label)
+        targets.append(replace(target, ordinal=same + 1) if same else target)
+    return targets
+
+
+def lookup(
+    name: str, targets: Mapping[str, TargetDef], spec: str, tier: str = "serve"
+) -> tuple[TargetDef, str | None]:
+    """The definition ``name`` refers to, and the version it binds (``name@V`` of a template
+    ``name@*``); ``TargetSpecError`` naming the known targets otherwise."""
+    if name in targets and not targets[name].template:
+        return targets[name], None
+    head, at, version = name.partition("@")
+    template = targets.get(f"{head}@*")
+    if at and version and template is not None:
+        if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+_-]*", version):
+            raise TargetSpecError(f"target {spec!r}: {version!r} is not a version")
+        return template, version
+    named = [n for n, d in targets.items() if d.tier(tier) is not None]
+    known = ", ".join(sorted(n.replace("@*", "@VERSION") for n in named))
+    extra = ", external:<command with {port}>" if tier == "serve" else ""
+    raise TargetSpecError(f"unknown {tier}-tier target {spec!r} (known: {known}{extra})")
+
+
+def _external(spec: str, command_text: str, project: Any) -> TargetSpec:
+    command = _split(command_text, spec)
+    if not command:
+        raise TargetSpecError(f"target {spec!r}: external: needs a command")
+    if not any("{port}" in word for word in command):
+        raise TargetSpecError(f"target {spec!r}: the external command must contain {{port}}")
+    serve = ServeDef(
+        command=tuple(command),
+        env={
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "{env:VLLM_CPU_KVCACHE_SPACE:-1}",
+        },
+        vllm_flags=True,
+        capabilities={name: True for name in CAPABILITIES if name != "debug_scheduler"},
+        port_in_group=False,
+    )
+    return TargetSpec(
+        spec=spec,
+        name=f"external:{_program(command)}",
+        serve=serve,
+        root=os.getcwd(),
+        pins=str(project.pins),
+    )
+
+
+def _program(command: list[str]) -> str:
+    """A short name for an external command: its program, or the module of ``python -m M``."""
+    words = [w for w in command if "{" not in w]
+    for index, word in enumerate(words):
+        base = Path(word).name
+        if base.startswith("python") or base in ("env", "uv", "run", "exec"):
+            if index + 2 < len(words) + 1 and words[index + 1 : index + 2] == ["-m"]:
+                return words[index + 2] if index + 2 < len(words) else base
+            continue
+        if not word.startswith("-"):
+            return base
+    return Path(command[0]).name
+
+
+# -- flags --------------------------------------------------------------------------------
+def config_flags(target: TargetSpec, config: ServerConfig) -> tuple[list[str], str | None]:
+    """The server flags for ``config`` on ``target``, and why the target cannot run it (the
+    first scenario key it cannot spell), or None."""
+    flags, reason, _ = _plan_flags(target, config)
+    return flags, reason
+
+
+def harness_args_taken(target: TargetSpec, config: ServerConfig) -> tuple[str, ...]:
+    """The harness's own keys (served_model_name, enforce_eager, ...) the target was given."""
+    return _plan_flags(target, config)[2]
+
+
+def _plan_flags(
+    target: TargetSpec, config: ServerConfig
+) -> tuple[list[str], str | None, tuple[str, ...]]:
+    serve = target.serve
+    args = dict(config.engine_args)
+    asked = set(args)
+    args.setdefault("dtype", DEFAULT_DTYPE)
+    flags: list[str] = []
+    harness: list[tuple[str, Any]] = [("served_model_name", config.model_name)]
+    harness += list(HARNESS_ARGS.items())
+    took: list[str] = []
+    for key, value in [*((k, args[k]) for k in SERVE_ARGS if k in args), *harness]:
+        words = spell(serve, key, value)
+        if words is None:
+            if key in asked:
+                why = f"config key {key}: {target.name} cannot take it ({_why(serve, key)})"
+                return flags, why, tuple(took)
+            continue
+        if key not in asked:
+            took.append(key)
+        flags += words
+    if config.extra_args:
+        if not serve.vllm_flags:
+            why = (
+                f"config key extra_args: vLLM server flags, and {target.name} does not take "
+                "vLLM's flags"
+            )
+            return flags, why, tuple(took)
+        flags += list(config.extra_args)
+    return flags, None, tuple(took)
+
+
+def spell(serve: ServeDef, key: str, value: Any) -> list[str] | None:
+    """How ``serve`` spells ``key=value`` (None: it cannot)."""
+    spelling = serve.flags.get(key)
+    if spelling is False:
+        return None
+    if spelling is None:
+        return vllm_flag(key, value) if serve.vllm_flags else None
+    if isinstance(spelling, Mapping):
+        if not isinstance(value, bool):
+            return None
+        chosen = spelling.get("true" if value else "false")
+        return None if chosen is None else list(chosen)
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return [word.replace("{value}", text) for word in spelling]
+
+
+def _why(serve: ServeDef, key: str) -> str:
+    if serve.flags.get(key) is False:
+        return "its flags table says false"
+    return "no spelling in its flags table, and it does not take vLLM's flags"
+
+
+def server_flags(config: ServerConfig) -> list[str]:
+    """vLLM ``serve`` flags for ``config`` plus the flags that make targets comparable."""
+    flags, _ = config_flags(parse_target("engine"), config)
+    return flags
+
+
+def unsupported_reason(target: TargetSpec, config: ServerConfig) -> str | None:
+    """Why ``target`` cannot run ``config`` (a scenario key it cannot take), or None."""
+    return config_flags(target, config)[1]
+
+
+def placeholders(
+    target: TargetSpec, config: ServerConfig | None = None, port: int = 0
+) -> dict[str, str]:
+    """The values of every placeholder a target's command, env and folder may use (the model
+    ones only with a ``config``)."""
+    values = common_placeholders(target.root, target.pins, target.version)
+    values |= {"host": HOST, "port": str(port)}
+    if config is not None:
+        values |= {"model": str(config.model_dir), "model_name": config.model_name}
+        if any("{model_gguf}" in word for word in target.serve.command):
+            from parity.models import ensure_gguf
+
+            values["model_gguf"] = str(ensure_gguf(config.model_dir))
+    return values
+
+
+def server_argv(target: TargetSpec, config: ServerConfig, port: int) -> list[str]:
+    """The argv that starts ``target`` with ``config`` on ``port`` (127.0.0.1)."""
+    flags, _ = config_flags(target, config)
+    flags += list(target.extra_flags)
+    values = placeholders(target, config, port)
+    argv: list[str] = []
+    placed = False
+    for word in target.serve.command:
+        if word == "{flags}":
+            argv.extend(flags)
+            placed = True
+            continue
+        argv.append(_expand(word, values, target))
+    return argv if placed else [*argv, *flags]
+
+
+def server_env(target: TargetSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a target's server runs with: ``base`` (default: ours) plus its own."""
+    env = dict(os.environ if base is None else base)
+    values = placeholders(target)
+    for name, value in target.serve.env.items():
+        env[name] = _expand(value, values, target, env).strip(os.pathsep)
+    return env
 
 
 FILE_TARGET_FLAGS = frozenset({"--divergence"})  # engine-only, selects a reproduced bug
@@ -92,13 +296,14 @@ FILE_TARGET_FLAGS = frozenset({"--divergence"})  # engine-only, selects a reprod
 def file_target_problem(spec: str) -> str | None:
     """Why a target named in a file (not on the command line) must not run by default, or None.
 
-    An ``external:`` target is a command of the file's choosing; ``engine``/``oracle`` flags
-    outside ``parity.serve.spec.FILE_FLAGS`` (and ``--divergence``) could load code (vLLM's
-    ``--tool-parser-plugin FILE``). Both need ``--allow-external-from-file``."""
+    An ``external:`` command is a command of the file's choosing; extra flags outside
+    ``parity.serve.spec.FILE_FLAGS`` (and ``--divergence``) could load code (vLLM's
+    ``--tool-parser-plugin FILE``). Both need ``--allow-external-from-file``. A project-file
+    target is the user's own declaration and is trusted like the command line."""
     from parity.serve.spec import refused_flags
 
     target = parse_target(spec)
-    if target.kind == "external":
+    if spec.strip().startswith("external:"):
         return (
             f"target {spec!r}: an external: command from a file runs only with "
             "--allow-external-from-file (or give it with --target)"
@@ -116,60 +321,22 @@ def file_target_problem(spec: str) -> str | None:
     return None
 
 
-def server_flags(config: ServerConfig) -> list[str]:
-    """vLLM ``serve`` flags for ``config`` plus the flags that make targets comparable."""
-    args = dict(config.engine_args)
-    args.setdefault("dtype", DEFAULT_DTYPE)
-    flags: list[str] = []
-    for key in CONFIG_FLAG_KEYS:
-        flags.extend(_flag(key, args.get(key)))
-    flags += ["--served-model-name", config.model_name, *COMPARABLE_FLAGS]
-    flags += list(config.extra_args)
-    return flags
-
-
-def server_argv(target: TargetSpec, config: ServerConfig, port: int) -> list[str]:
-    """The argv that starts ``target`` with ``config`` on ``port`` (127.0.0.1)."""
-    flags = server_flags(config) + list(target.extra_flags)
-    model = str(config.model_dir)
-    if target.kind == "engine":
-        head = [sys.executable, "-m", "engine", "serve", model]
-        return [*head, "--host", HOST, "--port", str(port), *flags]
-    if target.kind == "oracle":
-        from oracle.launcher import serve_command  # no vllm import: only argv building
-
-        return serve_command(model, "--host", HOST, "--port", str(port), *flags)
-    values = {"{port}": str(port), "{model}": model, "{model_name}": config.model_name}
-    argv: list[str] = []
-    placed = False
-    for word in target.command:
-        if word == "{flags}":
-            argv.extend(flags)
-            placed = True
-            continue
-        for placeholder, value in values.items():
-            word = word.replace(placeholder, value)
-        argv.append(word)
-    return argv if placed else [*argv, *flags]
-
-
-def server_env(target: TargetSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a target's server runs with."""
-    if target.kind == "oracle":
-        from oracle.launcher import oracle_env
-
-        return oracle_env(base, unchecked=target.unchecked)
-    env = dict(os.environ if base is None else base)
-    env.update(OFFLINE_ENV)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", KVCACHE_SPACE_GIB)
-    if target.kind == "engine":
-        parts = [str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
-        env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
-
-
 def server_cwd(target: TargetSpec) -> str:
-    return str(ROOT) if target.kind != "external" else os.getcwd()
+    """The folder the server starts in: its ``cwd`` (relative to the project) or the project."""
+    if target.serve.cwd is None:
+        return target.root
+    return str(Path(target.root) / target.serve.cwd)
+
+
+def _expand(
+    word: str, values: Mapping[str, str], target: TargetSpec, env: Mapping[str, str] | None = None
+) -> str:
+    try:
+        return expand(word, values, os.environ if env is None else env)
+    except KeyError as exc:
+        raise TargetSpecError(
+            f"target {target.name}: placeholder {{{exc.args[0]}}} has no value here"
+        ) from None
 
 
 # --- startup logs -------------------------------------------------------------------------
@@ -215,16 +382,6 @@ def startup_numbers(log: str) -> dict[str, int]:
         if match:
             found[name] = int(match.group(1))
     return found
-
-
-def _flag(key: str, value: Any) -> list[str]:
-    name = "--" + key.replace("_", "-")
-    if value is None:
-        return []
-    if isinstance(value, bool):
-        return [name] if value else ["--no-" + key.replace("_", "-")]
-    text = str(value)
-    return [f"{name}={text}"] if text.startswith("-") else [name, text]
 
 
 def _split(text: str, spec: str) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import shlex
 from collections.abc import Callable
+from typing import Any
 
 from parity.errors import TargetSpecError
 from parity.targets.base import TIERS, SchedulerTarget, Target
@@ -19,10 +20,8 @@ from parity.targets.base import TIERS, SchedulerTarget, Target
 # factory(argument) -> Target; argument is the text after "name:" ("" when absent)
 TargetFactory = Callable[[str], Target]
 
-_FACTORIES: dict[tuple[str, str], TargetFactory | str] = {
-    ("scheduler", "engine"): "parity.targets.engine:EngineTarget",
-    ("scheduler", "oracle"): "parity.targets.oracle:OracleTarget",
-}
+# Factories registered in code (tests, extensions); the project's targets come after them.
+_FACTORIES: dict[tuple[str, str], TargetFactory | str] = {}
 
 
 def register_target(tier: str, name: str, factory: TargetFactory | str) -> None:
@@ -32,12 +31,24 @@ def register_target(tier: str, name: str, factory: TargetFactory | str) -> None:
     _FACTORIES[(tier, name)] = factory
 
 
-def available_targets(tier: str) -> list[str]:
-    return sorted(name for (t, name) in _FACTORIES if t == tier)
+def available_targets(tier: str, project: Any = None) -> list[str]:
+    """Names of the targets that run at ``tier`` (templates shown as ``name@VERSION``)."""
+    from parity.project import current_project
+
+    targets = (project or current_project()).targets
+    names = {n.replace("@*", "@VERSION") for n, d in targets.items() if d.tier(tier) is not None}
+    return sorted(names | {name for (t, name) in _FACTORIES if t == tier})
 
 
-def make_target(spec: str, tier: str = "scheduler") -> Target:
-    """A new target for ``spec`` in ``tier``; ``TargetSpecError`` for an unknown spec."""
+def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Target:
+    """A new target for ``spec`` in ``tier``; ``TargetSpecError`` for an unknown spec.
+
+    The name is a project target (``parity.project``; the built-ins ``engine``, ``oracle``,
+    ``oracle@VERSION`` among them) or one registered in code; ``name:argument`` passes the
+    argument to an in-process target's class (``engine:/models/scripted``)."""
+    from parity.project import current_project
+    from parity.serve.targets import lookup
+
     if tier not in TIERS:
         raise TargetSpecError(f"unknown tier {tier!r} (choose from {', '.join(TIERS)})")
     head, _, rest = spec.strip().partition(" ")
@@ -46,10 +57,16 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
         flags = shlex.split(rest)
     except ValueError as e:
         raise TargetSpecError(f"target {spec!r}: {e}") from None
+    project = project or current_project()
     factory = _FACTORIES.get((tier, name))
     if factory is None:
-        known = ", ".join(available_targets(tier)) or "none"
-        raise TargetSpecError(f"unknown {tier}-tier target {spec!r} (known: {known})")
+        definition, version = lookup(name, project.targets, spec, tier)
+        scheduler = definition.scheduler
+        if scheduler is None:
+            raise TargetSpecError(f"target {name!r} has no scheduler tier (a server only)")
+        if scheduler.in_process is None:
+            return _worker(name, version, scheduler, flags, project)
+        factory = scheduler.in_process
     if isinstance(factory, str):
         module_name, _, attribute = factory.partition(":")
         factory = getattr(importlib.import_module(module_name), attribute)
@@ -63,6 +80,27 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
         configure(flags)
         target.name = " ".join([target.name, *(shlex.quote(f) for f in flags)])
     return target
+
+
+def _worker(
+    name: str, version: str | None, scheduler: Any, flags: list[str], project: Any
+) -> Target:
+    """A scheduler-tier target that runs ``scheduler.command`` as a protocol worker
+    (docs/scheduler-protocol.md), placeholders expanded like a server's."""
+    import os
+
+    from parity.targets.defs import common_placeholders, expand
+    from parity.targets.worker import WorkerTarget
+
+    if flags:
+        raise TargetSpecError(f"scheduler-tier target {name!r} takes no flags (got {flags!r})")
+    values = common_placeholders(str(project.root), str(project.pins), version)
+    env = dict(os.environ)
+    for key, value in scheduler.env.items():
+        env[key] = expand(value, values, env).strip(os.pathsep)
+    argv = [expand(word, values, env) for word in scheduler.command]
+    cwd = str(project.root / scheduler.cwd) if scheduler.cwd else str(project.root)
+    return WorkerTarget(name, argv, env=env, cwd=cwd)
 
 
 __all__ = [

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.scenario import ConfigSpec, RequestSpec
 
 TIERS = ("scheduler", "serve")

@@ -7,7 +7,7 @@ model's config and generation config, and deterministic arrival times (the n-th 
 submitted after ``start`` arrives at ``float(n)``), so priority ties break identically.
 
 Flags (``engine --divergence NAME``, repeatable): the engine's divergence profiles that act at
-this tier (``engine.divergence.PROFILES[name].tiers``): ``abort-unservable`` and
+this tier (``contract.profiles.PROFILES[name].tiers``): ``abort-unservable`` and
 ``legacy-capacity`` (auto-fit counts the null block).
 """
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from contract.engine_args import SCHEDULER_ARGS
+from contract.trace import StepTrace
 from engine import divergence
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
@@ -30,26 +32,13 @@ from engine.model_config import (
 )
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.trace import StepTrace
 from parity.errors import TargetSpecError, TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets._script import shared_script
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = PROJECT_ROOT / ".cache" / "models" / "scripted"
-ENGINE_CONFIG_KEYS = (
-    "dtype",
-    "block_size",
-    "num_gpu_blocks_override",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "scheduling_policy",
-    "long_prefill_token_threshold",
-    "seed",
-)
+ENGINE_CONFIG_KEYS = SCHEDULER_ARGS
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,22 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine.trace import StepTrace
+from contract.engine_args import SCHEDULER_ARGS
+from contract.trace import StepTrace
 from parity.errors import TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 from parity.targets._script import shared_script
 
-ORACLE_CONFIG_KEYS = (
-    "block_size",
-    "num_gpu_blocks_override",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "scheduling_policy",
-    "long_prefill_token_threshold",
-)
+# every scheduler-tier key but the two the scheduler itself never reads
+ORACLE_CONFIG_KEYS = tuple(k for k in SCHEDULER_ARGS if k not in ("dtype", "seed"))
 
 
 class OracleTarget:

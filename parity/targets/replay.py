@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 from parity.errors import TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
 

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from contract.scripted import script, vocab
 from engine.detokenizer import (
     IncrementalDetokenizer,
     UnsupportedTokenizerError,
     check_stop_strings,
 )
 from engine.sampling_params import SamplingParams
-from engine.scripted import script, vocab
 
 UTF8_TEXT = "🙂中文"
 CHAT_UTF8_PROMPT = [vocab.BOS, vocab.USER, vocab.UTF8, vocab.EOS, vocab.ASSISTANT]

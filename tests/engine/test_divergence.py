@@ -24,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from contract.scripted import vocab
+from contract.scripted.script import expected
+from contract.trace import StepTrace
 from engine import divergence
 from engine.async_llm import AsyncLLM, EngineDeadError, InputLimits
 from engine.config import ConfigError, EngineConfig
@@ -43,9 +46,6 @@ from engine.entrypoints.stats import SchedulerStats
 from engine.model_config import ModelConfig, load_model_config
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scripted import vocab
-from engine.scripted.script import expected
-from engine.trace import StepTrace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 
 RequestFactory = Callable[..., dict[str, Any]]
 ConfigFactory = Callable[..., dict[str, Any]]

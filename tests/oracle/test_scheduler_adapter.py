@@ -1,7 +1,7 @@
 """The pinned upstream Scheduler, driven by oracle.scheduler_adapter with the scripted runner.
 
 Expected numbers come from upstream-vllm-spec.md (C2) and oracle-cpu.md; token streams come
-from ``engine.scripted.script.expected``; where a number is derived from the spec's reasoning
+from ``contract.scripted.script.expected``; where a number is derived from the spec's reasoning
 the derivation is written next to it. Steps are 1-based (``StepTrace.step``).
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from engine.scripted import script, vocab
-from engine.scripted.script import ScriptState
-from engine.trace import StepTrace
+from contract.scripted import script, vocab
+from contract.scripted.script import ScriptState
+from contract.trace import StepTrace
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(120)]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 from oracle.launcher import oracle_env, serve_command
 from parity.process import ManagedProcess, free_port
 

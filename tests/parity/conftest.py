@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from parity_helpers import make_trace
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 
 
 @pytest.fixture

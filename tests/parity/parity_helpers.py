@@ -1,8 +1,8 @@
 """Helpers shared by the parity tests (imported by module name; conftest only holds fixtures).
 
-Hypothesis profiles for the differential test (issue 4): ``ci`` (300 examples, the default)
-and ``deep`` (5,000; ``HYPOTHESIS_PROFILE=deep``). They are registered here if no one else has,
-and applied per test (``differential_settings``), never loaded globally.
+The differential test's example counts follow the hypothesis profile loaded by
+``tests/conftest.py``: 300 under ``ci`` (the default, derandomized) and 5,000 under ``deep``
+(``HYPOTHESIS_PROFILE=deep``, random), applied per test by ``differential_settings``.
 """
 
 from __future__ import annotations
@@ -14,29 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
-from hypothesis.errors import InvalidArgument
 
-from engine.trace import StepTrace
+from contract.trace import StepTrace
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios" / "scheduler"
 
-# Examples per profile. Hypothesis ships its own "ci" profile (100 examples), so the count is
-# applied explicitly rather than inherited.
-_PROFILES = {"ci": 300, "deep": 5000}
-for _name, _examples in _PROFILES.items():
-    try:
-        settings.get_profile(_name)
-    except InvalidArgument:
-        settings.register_profile(_name, max_examples=_examples, deadline=None)
+# Examples per profile, set here rather than by the profile: these examples are slow.
+_EXAMPLES = {"ci": 300, "deep": 5000}
 
 
 def differential_settings(**overrides: Any) -> settings:
-    """The profile named by ``HYPOTHESIS_PROFILE`` (default ``ci``), tuned for slow examples."""
-    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-    name = name if name in _PROFILES else "ci"
+    """The loaded profile (``ci`` or ``deep``), with the differential test's example count."""
+    name = settings.get_current_profile_name()
     values: dict[str, Any] = {
-        "max_examples": _PROFILES[name],
+        "max_examples": _EXAMPLES.get(name, _EXAMPLES["ci"]),
         "deadline": None,
         "database": None,
         "print_blob": True,

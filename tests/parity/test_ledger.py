@@ -51,11 +51,13 @@ def entry(
     path: str | None = None,
     target: str | None = None,
     link: str | None = None,
+    pair: str | None = None,
 ) -> str:
     match = [f"      scenario: {scenario}"]
     match += [f"      kind: '{kind}'"] if kind else []
     match += [f"      path: '{path}'"] if path else []
     match += [f"      target: '{target}'"] if target else []
+    match += [f"      pair: {pair}"] if pair else []
     lines = [f"  - id: {id}", "    match:", *match, f"    decision: {decision}"]
     lines += ["    reason: a reason"]
     lines += [f"    link: {link}"] if link else []
@@ -138,6 +140,17 @@ def test_semantic_errors_carry_lines() -> None:
         (problem,) = [p for p in found if fragment in p]
         number = int(problem.split(":")[1])
         assert source in lines[number - 1]
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [("\xa0", "'\\xa0'"), ('"\\t"', "'\\t'"), ('"\\u200b"', "'\\u200b'"), ('""', "''")],
+)
+def test_unprintable_keys_are_named_with_escapes(key: str, named: str) -> None:
+    text = ledger_text(entry("e1", "s1")).replace(
+        "      scenario: s1\n", f"      scenario: s1\n      {key}: x\n"
+    )
+    assert problems_of(text) == [f"ledger.yaml:6: entries[0].match.{named}: unknown key"]
 
 
 @pytest.mark.parametrize(
@@ -315,6 +328,71 @@ def test_scenario_and_kind_lists_scope_an_entry_precisely() -> None:
     assert any(":6:" in line and "unknown 'nope'" in line for line in bad), bad
 
 
+EXTERNAL = "external:./my-server --port {port} --model {model}"
+
+
+def test_an_entry_recorded_for_engine_vs_oracle_is_not_run_when_the_engine_is_not() -> None:
+    """The shipped upstream-crash entry, in a run of the oracle against an external server
+    that shows no divergence: out of scope ("not run"), so exit 0, not STALE."""
+    ledger = load_ledger(ROOT / "scenarios" / "ledger.yaml")
+    crash = "upstream-seeded-chunked-prefill-crash"
+    assert ledger.entries[[e.id for e in ledger.entries].index(crash)].match.pair is not None
+    external = classify([result("seeded-chunked-prefill", targets=("oracle", EXTERNAL))], ledger)
+    states = {e.entry.id: e.state for e in external.entries}
+    assert states[crash] is EntryState.NOT_RUN and external.exit_code == 0
+    assert EntryState.STALE not in states.values()
+    ours = classify([result("seeded-chunked-prefill", targets=("oracle", "engine"))], ledger)
+    assert {e.entry.id: e.state for e in ours.entries}[crash] is EntryState.STALE
+    assert ours.exit_code == 1  # the pair it records: the crash is gone, so the entry must go
+
+
+def test_pair_scopes_matching_in_either_order_and_by_glob() -> None:
+    ledger = parse_ledger(
+        ledger_text(
+            entry("ours", "s1", pair="[engine, oracle]"),
+            entry("profiles", "s2", pair="['engine --divergence *', oracle]"),
+            entry("anyone", "s3"),
+        ),
+        "l.yaml",
+    )
+    assert ledger.entries[0].match.describe() == "s1 / * / * for engine vs oracle"
+
+    def verdicts(scenario: str, left: str, right: str) -> list[tuple[Verdict, str | None]]:
+        d = div("steps[0].running", left=left, right=right)
+        found = classify([result(scenario, [d], targets=(left, right))], ledger).findings
+        return [(f.verdict, f.entry_id) for f in found]
+
+    assert verdicts("s1", "engine", "oracle") == [(Verdict.KNOWN, "ours")]
+    assert verdicts("s1", "oracle", "engine") == [(Verdict.KNOWN, "ours")]
+    assert verdicts("s1", "oracle", EXTERNAL) == [(Verdict.NEW, None)]
+    assert verdicts("s1", "engine", "engine --divergence legacy-capacity") == [(Verdict.NEW, None)]
+    assert verdicts("s2", "oracle", "engine --divergence x") == [(Verdict.KNOWN, "profiles")]
+    assert verdicts("s2", "engine", "oracle") == [(Verdict.NEW, None)]
+    assert verdicts("s3", "oracle", EXTERNAL) == [(Verdict.KNOWN, "anyone")]  # no pair: any
+    # staleness follows the same scope
+    idle = classify([result(s, targets=("oracle", EXTERNAL)) for s in ("s1", "s2", "s3")], ledger)
+    states = [e.state for e in idle.entries]
+    assert states == [EntryState.NOT_RUN, EntryState.NOT_RUN, EntryState.STALE]
+
+
+@pytest.mark.parametrize(
+    ("pair", "fragment"),
+    [
+        ("engine", "entries[0].match.pair: Input should be a valid list, got 'engine'"),
+        ("[engine]", "entries[0].match.pair: List should have at least 2 items"),
+        ("[engine, oracle, x]", "entries[0].match.pair: List should have at most 2 items"),
+        ("[engine, '']", "entries[0].match.pair[1]: String should have at least 1 character"),
+        ("[engine, 5]", "entries[0].match.pair[1]: Input should be a valid string, got 5"),
+        ("{engine: oracle}", "entries[0].match.pair: Input should be a valid list"),
+    ],
+)
+def test_pair_must_be_two_target_globs(pair: str, fragment: str) -> None:
+    text = ledger_text(entry("e1", "s1", pair=pair))
+    (problem,) = problems_of(text)
+    assert problem.startswith("ledger.yaml:6: ") and fragment in problem, problem
+    assert text.splitlines()[5].strip().startswith("pair:")
+
+
 # -- decide --------------------------------------------------------------------------------
 COMMENTED = textwrap.dedent(
     """\
@@ -461,10 +539,11 @@ def test_real_run_new_then_decided_then_deleted_then_bogus(
     assert "parity decide" in out
 
     ref = "port-wedge-bs16:self_preemption_wedge:*"
-    assert (
-        _run_cli(["decide", ref, "--diverge", "--reason", "aborts", "--ledger", str(ledger)]) == 0
-    )
-    assert "added entry port-wedge-bs16-self_preemption_wedge" in capsys.readouterr().out
+    decide_argv = ["decide", ref, "--diverge", "--reason", "aborts", "--ledger", str(ledger)]
+    assert _run_cli([*decide_argv, "--last", str(last)]) == 0
+    out = capsys.readouterr().out  # the pair is the findings' in the run file
+    assert "added entry port-wedge-bs16-self_preemption_wedge (diverge) for engine vs abort" in out
+    assert load_ledger(ledger).entries[-1].match.pair == ["engine", "abort"]
     assert _run_cli(["ledger", "--ledger", str(ledger), "--last", str(last)]) == 0
     out = capsys.readouterr().out
     n = len(wedge_vs_abort.divergences)
@@ -472,7 +551,8 @@ def test_real_run_new_then_decided_then_deleted_then_bogus(
 
     # a bogus entry for a scenario of the run: STALE, exit 1, reported with file:line
     bogus = "port-wedge-bs16:capacity_overhang:startup"
-    _run_cli(["decide", bogus, "--diverge", "--reason", "bogus", "--ledger", str(ledger)])
+    pair = ["--pair", "abort", "engine"]  # no such finding: the pair is given (either order)
+    _run_cli(["decide", bogus, "--diverge", "--reason", "bogus", "--ledger", str(ledger), *pair])
     capsys.readouterr()
     assert _run_cli(["ledger", "--ledger", str(ledger), "--last", str(last)]) == 1
     out = capsys.readouterr().out
@@ -520,7 +600,7 @@ def test_format_functions_are_pure_strings() -> None:
         report, verbose=True
     )
     data = json.loads(json.dumps(report.to_json()))
-    assert data["counts"] == {"PASS": 1, "KNOWN": 1, "NEW": 0, "STALE": 1}
+    assert data["counts"] == {"PASS": 1, "KNOWN": 1, "NEW": 0, "STALE": 1, "UNSUPPORTED": 0}
     assert [e["state"] for e in data["entries"]] == ["known", "stale"]
     assert data["findings"][0]["divergence"]["path"] == "steps[0].running"
 
@@ -576,3 +656,67 @@ def test_decide_adds_a_link_in_its_usual_place(tmp_path: Path) -> None:
     ]
     assert top == ["match", "decision", "reason", "link", "recorded", "pin"]
     assert load_ledger(file).entries[0].link == "https://example.com/9"
+
+
+def test_decide_records_the_pair_and_updates_by_it(tmp_path: Path) -> None:
+    file = tmp_path / "ledger.yaml"
+    file.write_text(COMMENTED)
+    ref = "s3:max_tokens_clamp:requests.r1.usage.completion_tokens"
+    assert decide(file, ref, "diverge", "ours", today=DAY, pair=("engine", "oracle"))[1]
+    assert "      pair: [engine, oracle]\n" in file.read_text()
+    # the same ref and pair (either order): updated; another pair: a new entry
+    assert decide(file, ref, "diverge", "reworded", pair=("oracle", "engine")) == (
+        "s3-max_tokens_clamp",
+        False,
+    )
+    theirs = decide(file, ref, "diverge", "theirs", pair=("oracle", EXTERNAL))
+    assert theirs == ("s3-max_tokens_clamp-2", True)
+    entries = load_ledger(file).entries
+    assert [(e.reason, e.match.pair) for e in entries[2:]] == [
+        ("reworded", ["engine", "oracle"]),
+        ("theirs", ["oracle", EXTERNAL]),
+    ]
+    # an entry without a pair covers any: deciding on it records the pair
+    assert decide(file, "s1:other:x", "diverge", "now scoped", pair=("engine", "oracle")) == (
+        "first",
+        False,
+    )
+    assert load_ledger(file).entries[0].match.pair == ["engine", "oracle"]
+
+
+def _last_run(tmp_path: Path, *results: ScenarioResult) -> Path:
+    last = tmp_path / "last.json"
+    last.write_text(RunReport("scheduler", results[0].targets, results).dumps())
+    return last
+
+
+def test_decide_cli_takes_the_pair_from_the_run_file_else_engine_oracle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no reports/last-run.json here
+    ledger = tmp_path / "ledger.yaml"
+    base = ["--diverge", "--reason", "r", "--ledger", str(ledger)]
+    theirs = (EXTERNAL, "oracle")
+    last = _last_run(tmp_path, result("s1", [div("a.b", left=EXTERNAL)], targets=theirs))
+    assert _run_cli(["decide", "s1:other:a.*", *base, "--last", str(last)]) == 0
+    assert f"for {EXTERNAL} vs oracle in" in capsys.readouterr().out
+    assert _run_cli(["decide", "s2:other:a.b", *base, "--last", str(last)]) == 0  # not in it
+    assert _run_cli(["decide", "s3:other:a.b", *base]) == 0  # no run file
+    assert _run_cli(["decide", "s4:other:a.b", *base, "--target", "*legacy*"]) == 0
+    assert _run_cli(["decide", "s5:other:a.b", *base, "--pair", "oracle", "x"]) == 0
+    pairs = [e.match.pair for e in load_ledger(ledger).entries]
+    assert pairs == [
+        [EXTERNAL, "oracle"],
+        ["engine", "oracle"],
+        ["engine", "oracle"],
+        None,
+        ["oracle", "x"],
+    ]
+    # a ref that names findings of two pairs: --pair must choose, the ledger is left alone
+    three = ("engine", "oracle", EXTERNAL)
+    both = [div("a.b"), div("a.b", left="engine", right=EXTERNAL)]
+    last = _last_run(tmp_path, result("s6", both, targets=three))
+    before = ledger.read_text()
+    with pytest.raises(LedgerError, match=r"last.json: s6:other:a.b names findings of several"):
+        _run_cli(["decide", "s6:other:a.b", *base, "--last", str(last)])
+    assert ledger.read_text() == before

@@ -200,19 +200,20 @@ def test_pin_runtime_runs_the_pin_python_with_only_the_shim(fake: Path) -> None:
     assert no_httpx == "True"  # the harness's site-packages are not visible
 
 
-def test_the_shim_links_contract_when_the_harness_has_it(
+def test_the_shim_links_oracle_and_contract_and_drops_a_vanished_package(
     fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    package = tmp_path / "src" / "contract"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("", encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    import contract
+
     shim = pins.refresh_shim()
-    assert (shim / "contract").resolve() == package.resolve()
+    assert (shim / "oracle").resolve() == Path(oracle.__file__).resolve().parent
+    assert (shim / "contract").resolve() == Path(contract.__file__).resolve().parent
+    stale = tmp_path / "gone"
+    stale.mkdir()
     monkeypatch.setattr(pins, "SHIM_PACKAGES", ("oracle", "no_such_package_here"))
-    (shim / "no_such_package_here").symlink_to(package)
+    (shim / "no_such_package_here").symlink_to(stale)
     pins.refresh_shim()
-    assert not (shim / "no_such_package_here").exists()
+    assert not (shim / "no_such_package_here").is_symlink()
 
 
 def test_pin_runtime_of_the_default_and_of_a_missing_pin(fake: Path) -> None:

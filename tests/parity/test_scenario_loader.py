@@ -94,6 +94,58 @@ def test_missing_key_of_a_list_item_points_at_the_item(
     assert f"{path}:9: requests[0].id: missing required key" in found
 
 
+# (YAML spelling of the key, how an error names it): keys that would print as nothing or
+# as something else are quoted with escapes; a plain key is left alone
+UNPRINTABLE_KEYS = [
+    ("\xa0", "'\\xa0'"),  # a no-break space, written raw (found by the hypothesis soak)
+    ('"\\t"', "'\\t'"),
+    ('"\\u200b"', "'\\u200b'"),  # zero-width space
+    ('"\\x01"', "'\\x01'"),
+    ('""', "''"),
+    ('" "', "' '"),
+    ('"colour "', "'colour '"),
+    ("colour red", "colour red"),
+]
+
+
+@pytest.mark.parametrize(("key", "named"), UNPRINTABLE_KEYS)
+def test_unprintable_keys_are_named_with_escapes(
+    write_yaml: Callable[[str, str], Path], key: str, named: str
+) -> None:
+    text = GOOD.format(id="keys").replace(
+        "    max_tokens: 56\n", f"    max_tokens: 56\n    {key}: 1\n"
+    )
+    text = text.replace("  max_model_len: 2048\n", f"  max_model_len: 2048\n  {key}: 2\n")
+    path = write_yaml("keys", text)
+    assert problems(path) == [
+        f"{path}:8: config.{named}: unknown key",
+        f"{path}:13: requests[0].{named}: unknown key",
+    ]
+
+
+def test_unprintable_values_and_request_ids_are_quoted(
+    write_yaml: Callable[[str, str], Path],
+) -> None:
+    text = GOOD.format(id="values").replace("tier: scheduler", 'tier: "\\u200b"')
+    path = write_yaml("values", text)
+    assert problems(path) == [
+        f"{path}:3: tier: Input should be 'scheduler', 'serve' or 'both', got '\\u200b'"
+    ]
+    text = GOOD.format(id="ids").replace("outcome: {r1: wedged}", 'outcome: {"\\t": wedged}')
+    path = write_yaml("ids", text)
+    assert problems(path) == [f"{path}:15: expect.outcome.'\\t': unknown request '\\t'"]
+
+
+def test_long_keys_and_values_are_elided(write_yaml: Callable[[str, str], Path]) -> None:
+    text = GOOD.format(id="long").replace("tier: scheduler", f"tier: {'x' * 5000}")
+    text = text.replace("  max_model_len: 2048\n", f"  max_model_len: 2048\n  {'k' * 500}: 1\n")
+    path = write_yaml("long", text)
+    found = problems(path)
+    tier, key = (f"{path}:3: tier: ", f"{path}:8: config.'{'k' * 37}...{'k' * 38}': unknown key")
+    assert found[0].startswith(tier + "Input should be") and found[1] == key, found
+    assert found[0].endswith(f", got '{'x' * 37}...{'x' * 38}'") and len(found[0]) < 300
+
+
 def test_semantic_errors_have_lines(write_yaml: Callable[[str, str], Path]) -> None:
     text = """\
 id: not-the-stem

@@ -5,7 +5,7 @@ A ``FuzzCase`` is one HTTP request as bytes (method, path, headers, body) plus w
 expect of it. Three families:
 
 - ``valid_cases``: cheap well-formed requests; the greedy completions among them carry the
-  scripted model's exact output (``engine.scripted.script.expected``), so the fuzz run also
+  scripted model's exact output (``contract.scripted.script.expected``), so the fuzz run also
   checks that concurrent junk never changes a correct answer.
 - ``mutated_cases``: a valid body with 1-4 mutations: a field set to an edge or junk value
   (wrong types, negative/zero/huge numbers, NaN/Infinity, unknown roles, bad logprobs and stop
@@ -31,8 +31,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

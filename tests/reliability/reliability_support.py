@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 from parity.process import ManagedProcess, free_port
 from parity.serve import ServerConfig, ServerHandle, ServerPool
 from parity.serve.observe import MetricsSnapshot, parse_metrics

@@ -62,7 +62,7 @@ from reliability_support import (
     wait_idle,
 )
 
-from engine.scripted.script import expected
+from contract.scripted.script import expected
 from parity.serve import ServeLimits, ServerConfig, ServeRequestSpec, ServerPool, run_serve
 from parity.serve.pool import group_members
 

@@ -9,7 +9,7 @@ observed by the serve-tier harness (``parity.serve.run_serve``: outcome, SSE fra
 stall verdicts) and must:
 
 - complete (``completed`` with ``data: [DONE]``): no stall, no disconnect, no timeout;
-- deliver exactly ``engine.scripted.script.expected(prompt, max_tokens, ignore_eos=True)``:
+- deliver exactly ``contract.scripted.script.expected(prompt, max_tokens, ignore_eos=True)``:
   no token lost, duplicated or reordered, through preemption and recomputation;
 - finish with ``length`` and report ``usage.completion_tokens == max_tokens``.
 
@@ -33,8 +33,8 @@ import time
 import pytest
 from reliability_support import SCALE, wait_idle
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 from parity.serve import ServeLimits, ServeRequestSpec, ServerHandle, run_serve
 from parity.serve.observe import MetricsSnapshot
 

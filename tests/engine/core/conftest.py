@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from contract.scripted import script, vocab
+from contract.trace import StepTrace
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.scheduler import Scheduler
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scripted import script, vocab
-from engine.trace import StepTrace
 
 EOS = vocab.EOS
 BOS = vocab.BOS

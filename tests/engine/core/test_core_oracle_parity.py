@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from contract.scripted import script, vocab
+from contract.trace import StepTrace
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scripted import script, vocab
-from engine.trace import StepTrace
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(600)]
 

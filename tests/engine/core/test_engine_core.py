@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from contract.scripted import script
+from contract.trace import StepTrace
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.output import SchedulerOutput
 from engine.outputs import ModelRunnerOutput
-from engine.scripted import script
-from engine.trace import StepTrace
 
 pytestmark = pytest.mark.timeout(120)
 

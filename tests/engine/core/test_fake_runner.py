@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from contract.scripted import script, vocab
+from contract.scripted.script import ScriptState
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from engine.scripted import script, vocab
-from engine.scripted.script import ScriptState
 
 pytestmark = pytest.mark.timeout(60)
 

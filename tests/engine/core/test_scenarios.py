@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.scripted import script, vocab
+from contract.scripted import script, vocab
 
 pytestmark = pytest.mark.timeout(60)
 

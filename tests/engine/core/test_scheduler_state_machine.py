@@ -20,12 +20,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from contract.scripted import script, vocab
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scripted import script, vocab
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contract.scripted import vocab
+from contract.scripted.script import expected
 from engine.async_llm import AsyncLLM, EngineDeadError, InputLimits, RequestOutput
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
@@ -22,8 +24,6 @@ from engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_engine import ServingConfig
 from engine.entrypoints.startup import load_tokenizer
 from engine.sampling_params import SamplingParams
-from engine.scripted import vocab
-from engine.scripted.script import expected
 
 pytestmark = pytest.mark.timeout(60)
 

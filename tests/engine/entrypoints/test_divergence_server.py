@@ -26,8 +26,8 @@ import httpx
 import psutil
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 from parity.serve import (
     RequestObservation,
     ServeLimits,

@@ -1,7 +1,7 @@
 """The server's generation endpoints against the scripted model: tokens equal the script.
 
 One server per module (``scripted_server``): ``--block-size 32 --max-model-len 512
---reasoning-parser deepseek_r1``. Expected outputs come from ``engine.scripted.script``
+--reasoning-parser deepseek_r1``. Expected outputs come from ``contract.scripted.script``
 (the script vLLM itself follows token for token, docs/oracle-cpu.md).
 """
 
@@ -12,8 +12,8 @@ import json
 import httpx
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 
@@ -111,7 +111,7 @@ def test_streaming_utf8_whole_characters(client: httpx.Client, sse) -> None:
 
 
 def test_logprobs_follow_the_script_ranking(client: httpx.Client) -> None:
-    from engine.scripted.script import ranked
+    from contract.scripted.script import ranked
 
     prompt = [vocab.BOS, vocab.answer_selector(6)]
     body = completion(client, prompt=prompt, max_tokens=3, logprobs=3, return_token_ids=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 
 pytestmark = [pytest.mark.server]
 

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from contract.scripted import script, vocab
 from engine.reasoning import (
     DeltaMessage,
     ReasoningParserTokenizerError,
@@ -25,7 +26,6 @@ from engine.reasoning import (
     list_registered,
 )
 from engine.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
-from engine.scripted import script, vocab
 
 THINK, END = vocab.THINK, vocab.END_THINK
 # Chat [{"role": "user", "content": "<|think:3|><|answer:2|>"}] (oracle-cpu.md).

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.scripted.vocab import EOS
 from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.outputs import ModelRunnerOutput
 from engine.sampling_params import SamplingParams
-from engine.scripted.vocab import EOS
 from engine.worker.model_runner import ModelRunner
 
 

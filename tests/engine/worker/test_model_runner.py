@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from engine.scripted import script
-from engine.scripted.vocab import (
+from contract.scripted import script
+from contract.scripted.vocab import (
     ASSISTANT,
     BOS,
     EOS,
@@ -18,6 +17,7 @@ from engine.scripted.vocab import (
     number,
     think_selector,
 )
+from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.worker.input_batch import SchedulerContractError
 
 pytestmark = pytest.mark.timeout(120)

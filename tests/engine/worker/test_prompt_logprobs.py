@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.scripted.vocab import BOS, EOS
 from engine.sampling_params import SamplingParams
-from engine.scripted.vocab import BOS, EOS
 from engine.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.timeout(240)

@@ -75,6 +75,11 @@ def test_expect_keys_are_globs_with_literal_brackets(
             "legs[0].requests[0].max_tokenz: unknown key",
         ),
         (GOOD.replace("zero_byte_hang", "zero_bytes"), 11, "unknown outcome 'zero_bytes'"),
+        (
+            GOOD.replace("    role: wedge\n", "    role: wedge\n    \xa0: 1\n"),
+            7,
+            "legs[0].'\\xa0': unknown key",
+        ),
         (GOOD.replace("id: tiny", "id: other"), 1, "'other' must equal the file name 'tiny'"),
         (
             GOOD.replace("    role: wedge\n", "    role: wedge\n    role: control\n"),
@@ -82,7 +87,7 @@ def test_expect_keys_are_globs_with_literal_brackets(
             "duplicate key 'role'",
         ),
     ],
-    ids=["role", "unknown-key", "outcome", "id", "duplicate"],
+    ids=["role", "unknown-key", "outcome", "no-break-space-key", "id", "duplicate"],
 )
 def test_errors_are_file_line_messages(
     write_repro: Callable[[str, str], Path], text: str, line: int, message: str

@@ -12,6 +12,11 @@ string picks a behaviour:
 - ``cut``: streaming: 2 token frames, then the connection is closed mid-body;
 - ``generate``: non-streaming: 4 s of "generation" (the token counter moves), then the body;
 - ``drip``: streaming: one token every 0.3 s, forever.
+
+``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
+with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
+and there is no ``/metrics``. ``GET /argv`` returns the command-line words it was started with
+(tests check how a target spelled its flags).
 """
 
 from __future__ import annotations
@@ -23,6 +28,13 @@ import sys
 
 COUNTERS = {"generation": 0}
 FLAGS: dict[str, str] = {}
+ARGV: list[str] = []
+STRICT = {"on": False}
+STANDARD_FIELDS = frozenset(
+    {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream"}
+    | {"stream_options", "temperature", "top_p", "n", "stop", "seed", "logprobs"}
+    | {"top_logprobs", "echo", "presence_penalty", "frequency_penalty", "user"}
+)
 
 
 def _chunk(data: bytes) -> bytes:
@@ -30,7 +42,9 @@ def _chunk(data: bytes) -> bytes:
 
 
 def _frame(index: int, finish: str | None = None) -> bytes:
-    choice = {"index": 0, "text": f" t{index}", "token_ids": [100 + index]}
+    choice: dict[str, object] = {"index": 0, "text": f" t{index}"}
+    if not STRICT["on"]:
+        choice["token_ids"] = [100 + index]
     choice.update(finish_reason=finish, stop_reason=None)
     return b"data: " + json.dumps({"object": "text_completion", "choices": [choice]}).encode()
 
@@ -65,7 +79,9 @@ async def _completions(writer: asyncio.StreamWriter, body: dict) -> None:
             await asyncio.sleep(0.2)
             COUNTERS["generation"] += 1
     if not stream:
-        choice = {"index": 0, "text": " t0 t1", "token_ids": [100, 101], "finish_reason": "length"}
+        choice = {"index": 0, "text": " t0 t1", "finish_reason": "length"}
+        if not STRICT["on"]:
+            choice["token_ids"] = [100, 101]
         usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
         await _send_json(writer, 200, {"choices": [choice], "usage": usage})
         return
@@ -106,8 +122,18 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         headers = dict(h.split(": ", 1) for h in header_lines if ": " in h)
         length = int(headers.get("content-length") or headers.get("Content-Length") or 0)
         body = json.loads(await reader.readexactly(length)) if length else {}
+        extra = sorted(set(body) - STANDARD_FIELDS) if isinstance(body, dict) else []
         if path == "/health":
             await _send_json(writer, 200, {})
+        elif path == "/argv":
+            await _send_json(writer, 200, ARGV)
+        elif STRICT["on"] and path == "/metrics":
+            await _send_json(writer, 404, {"error": {"message": "not found", "code": 404}})
+        elif STRICT["on"] and method == "POST" and extra:
+            detail = [
+                {"loc": ["body", key], "msg": "Extra inputs are not permitted"} for key in extra
+            ]
+            await _send_json(writer, 422, {"detail": detail})
         elif path == "/metrics":
             data = _metrics().encode()
             writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
@@ -136,7 +162,10 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--strict", action="store_true")
     args, rest = parser.parse_known_args()
+    STRICT["on"] = args.strict
+    ARGV.extend(sys.argv[1:])
     for i, word in enumerate(rest):
         if word.startswith("--") and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
             FLAGS[word] = rest[i + 1]

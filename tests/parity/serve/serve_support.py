@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 
 HERE = Path(__file__).resolve().parent
 FAKE_SERVER = HERE / "fake_server.py"

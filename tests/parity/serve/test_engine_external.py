@@ -8,8 +8,8 @@ import sys
 import pytest
 from serve_support import REASONING_MESSAGES, SCRIPTED_ARGS
 
-from engine.scripted import vocab
-from engine.scripted.script import expected
+from contract.scripted import vocab
+from contract.scripted.script import expected
 from parity.serve import ServeLimits, run_requests
 
 pytestmark = pytest.mark.server

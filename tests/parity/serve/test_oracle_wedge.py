@@ -17,7 +17,7 @@ import threading
 import pytest
 from serve_support import WEDGE_ARGS, WEDGE_PROMPT
 
-from engine.scripted.script import expected
+from contract.scripted.script import expected
 from parity.serve import ServeLimits, ServeRun, run_serve
 
 pytestmark = [pytest.mark.oracle, pytest.mark.server]

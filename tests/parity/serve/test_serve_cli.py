@@ -16,6 +16,7 @@ from serve_support import fake_target
 from parity.cli import EXIT_BAD_INPUT, EXIT_DIVERGENCE, EXIT_OK, EXIT_TARGET_FAILED, main
 from parity.ledger import load_ledger
 from parity.results import RunReport
+from parity.serve.targets import parse_targets
 
 pytestmark = pytest.mark.server
 
@@ -57,27 +58,29 @@ def test_ledger_acceptance_new_known_deleted_stale(
     assert cli(*run) == EXIT_DIVERGENCE
     out = capsys.readouterr().out
     ref = "fake-models:other:facts.max_model_len"
-    assert f"NEW   {ref}" in out and f"{scenario}:1: facts.max_model_len" in out
+    # one line per cause, naming the first ref and its location (-v lists every path)
+    assert f"NEW   other (-): 1 in 1 scenario(s) fake-models; first {ref} at {scenario}:1" in out
     last = json.loads((tmp_path / "reports" / "last-run.json").read_text())
     assert last["ledger"]["counts"]["NEW"] == 1
     assert RunReport.from_json(last).results[0].divergences[0].right == 77
 
     reason = ["--reason", "the fake advertises 77"]
     assert main(["decide", ref, "--diverge", *reason, "--ledger", str(ledger)]) == EXIT_OK
-    capsys.readouterr()
+    pair = [t.label for t in parse_targets([FAKE, FAKE_77])]  # how runs name them (#2: twins)
+    assert f"for {pair[0]} vs {pair[1]} in" in capsys.readouterr().out  # last-run.json's pair
     assert cli(*run) == EXIT_OK
     assert "ledger: 0 pass, 1 known, 0 new, 0 stale" in capsys.readouterr().out
     report = json.loads((tmp_path / "reports" / "last-run.json").read_text())["ledger"]
-    assert report["counts"] == {"PASS": 0, "KNOWN": 1, "NEW": 0, "STALE": 0}
+    assert report["counts"] == {"PASS": 0, "KNOWN": 1, "NEW": 0, "STALE": 0, "UNSUPPORTED": 0}
 
     decided = ledger.read_text()
     ledger.write_text("entries: []\n")  # the entry deleted: NEW again
-    assert cli(*run) == EXIT_DIVERGENCE
+    assert cli(*run, "-v") == EXIT_DIVERGENCE
     assert "NEW   fake-models:other:facts.max_model_len" in capsys.readouterr().out
 
-    ledger.write_text(decided)  # plus a bogus entry for the same scenario: STALE
-    bogus = "fake-models:capacity_overhang:startup"
-    assert main(["decide", bogus, "--diverge", "--reason", "bogus", "--ledger", str(ledger)]) == 0
+    ledger.write_text(decided)  # plus a bogus entry for the same scenario and pair: STALE
+    bogus = ["fake-models:capacity_overhang:startup", "--diverge", "--reason", "bogus"]
+    assert main(["decide", *bogus, "--ledger", str(ledger), "--pair", *pair]) == 0
     capsys.readouterr()
     assert cli(*run) == EXIT_DIVERGENCE
     out = capsys.readouterr().out
@@ -93,7 +96,8 @@ def test_parity_between_equal_servers_with_junit(
     scenario = write(tmp_path, "fake-ok", "expect:\n  status: {r1: 200}\n")
     junit = tmp_path / "out" / "junit.xml"
     argv = [str(scenario), "--target", FAKE, "--target", FAKE, "--junit", str(junit)]
-    assert cli(*argv, "--ledger", str(tmp_path / "none.yaml")) == EXIT_OK
+    (tmp_path / "empty.yaml").write_text("entries: []\n")
+    assert cli(*argv, "--ledger", str(tmp_path / "empty.yaml")) == EXIT_OK
     assert "PASS" in capsys.readouterr().out
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "1" and suite.get("failures") == "0"
@@ -106,7 +110,8 @@ def test_startup_failure_exit_3_unless_expected(
     monkeypatch.chdir(tmp_path)
     dead = f"external:{sys.executable} -c 'import sys; sys.exit(\"no memory\")' {{port}}"
     refused = write(tmp_path, "both-refuse")
-    ledger = ["--ledger", str(tmp_path / "none.yaml")]
+    (tmp_path / "empty.yaml").write_text("entries: []\n")
+    ledger = ["--ledger", str(tmp_path / "empty.yaml")]
     assert cli(str(refused), "--target", dead, "--target", dead, *ledger) == EXIT_TARGET_FAILED
     assert "no target started" in capsys.readouterr().out
     expected = write(tmp_path, "refusal-expected", "expect:\n  startup: refused\n")

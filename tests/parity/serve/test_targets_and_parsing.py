@@ -49,18 +49,21 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 """
 
 
-def test_parse_target_kinds() -> None:
-    assert parse_target("engine").kind == "engine"
+def test_parse_target_names_and_labels() -> None:
+    assert parse_target("engine").label == "engine"
     unchecked = parse_target("oracle[unchecked]")
-    assert (unchecked.kind, unchecked.unchecked, unchecked.label) == (
-        "oracle",
-        True,
-        "oracle[unchecked]",
-    )
+    assert unchecked.label == "oracle[unchecked]"
+    assert unchecked.serve.env["VLLM_PARITY_ORACLE_UNCHECKED"] == "1"
     profiled = parse_target("engine --divergence legacy-capacity")
     assert profiled.extra_flags == ("--divergence", "legacy-capacity")
+    assert profiled.label == "engine --divergence legacy-capacity"
     external = parse_target("external:./my server --port {port}")
-    assert external.command == ("./my", "server", "--port", "{port}")
+    assert external.serve.command == ("./my", "server", "--port", "{port}")
+    assert external.label == "external:my"  # short: the program, not the whole command line
+    module = parse_target("external:python -m my_server --port {port} --model {model}")
+    assert module.label == "external:my_server"
+    pinned = parse_target("oracle@0.28.0")
+    assert (pinned.name, pinned.version, pinned.label) == ("oracle@0.28.0", "0.28.0", pinned.name)
 
 
 @pytest.mark.parametrize(

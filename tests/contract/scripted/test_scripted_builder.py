@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted import weights
-from engine.scripted.builder import BuildError, build, model_config, safetensors_bytes
+from contract.scripted import weights
+from contract.scripted.builder import BuildError, build, model_config, safetensors_bytes
 from parity.cli import main as parity_main
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.scripted import vocab
+from contract.scripted import vocab
 
 MODEL_MAX_LENGTH = 8192
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 import transformers
 
-from engine.scripted import vocab
-from engine.scripted.script import expected, ranked
-from engine.scripted.vocab import (
+from contract.scripted import vocab
+from contract.scripted.script import expected, ranked
+from contract.scripted.vocab import (
     ASSISTANT,
     BOS,
     END_THINK,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.builder import build
+from contract.scripted import vocab
+from contract.scripted.builder import build
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted import vocab
-from engine.scripted.script import UTF8_BYTES
-from engine.scripted.vocab import ASSISTANT, BOS, END_THINK, EOS, THINK, USER
+from contract.scripted import vocab
+from contract.scripted.script import UTF8_BYTES
+from contract.scripted.vocab import ASSISTANT, BOS, END_THINK, EOS, THINK, USER
 
 pytestmark = pytest.mark.timeout(120)
 

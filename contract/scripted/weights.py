@@ -26,8 +26,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from engine.scripted import script, vocab
-from engine.scripted.vocab import Family
+from contract.scripted import script, vocab
+from contract.scripted.vocab import Family
 
 HIDDEN = 1024
 NUM_LAYERS = 2

@@ -1,4 +1,4 @@
-"""The pure-Python script (engine/scripted/script.py) against scripted-model.md's tables."""
+"""The pure-Python script (contract/scripted/script.py) against scripted-model.md's tables."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.scripted import script, vocab
-from engine.scripted.script import ScriptError, ScriptState, expected, next_token, ranked
-from engine.scripted.vocab import (
+from contract.scripted import script, vocab
+from contract.scripted.script import ScriptError, ScriptState, expected, next_token, ranked
+from contract.scripted.vocab import (
     ASSISTANT,
     BOS,
     END_THINK,

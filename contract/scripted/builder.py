@@ -3,7 +3,7 @@
 Upstream: none; the folder is a standard Hugging Face checkpoint (``config.json``,
 ``model.safetensors``, tokenizer files) that transformers, vLLM and our engine load.
 
-- ``scripted``: the constructed weights of ``engine/scripted/weights.py``; standard library only,
+- ``scripted``: the constructed weights of ``contract/scripted/weights.py``; standard library only,
   a fraction of a second.
 - ``random``: the same architecture and tokenizer with seeded random bfloat16 weights (norm
   weights too), for comparing prompt logprobs within a tolerance and exercising MLP/norm math.
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engine.scripted import tokenizer, vocab, weights
+from contract.scripted import tokenizer, vocab, weights
 
 VARIANTS = ("scripted", "random")
 SAFETENSORS_NAME = "model.safetensors"

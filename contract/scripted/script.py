@@ -7,7 +7,7 @@ stop_token_ids, then max_tokens; both stop tokens are kept in the output) and
 ``all_stop_token_ids``, which ``vllm/sampling_params.py:778-784`` fills with EOS even under
 ignore_eos). ``max_model_len`` is not modelled.
 
-The weights written by ``engine/scripted/weights.py`` realise these scores
+The weights written by ``contract/scripted/weights.py`` realise these scores
 exactly (up to the final RMSNorm's scaling, < 1 %), so greedy decoding of the checkpoint in any
 correct engine and any of float32/bfloat16/float16 equals ``expected()``. The scheduler-tier fake
 runner samples from ``next_token``/``ranked`` instead of running tensors.
@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.scripted import vocab
-from engine.scripted.vocab import (
+from contract.scripted import vocab
+from contract.scripted.vocab import (
     ASSISTANT,
     END_THINK,
     EOS,
