@@ -14,13 +14,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] != "serve" or len(args) < 2:
         print(USAGE, file=sys.stderr)
         return 2
-    from oracle.launcher import exec_serve
+    from oracle.launcher import FlagError, exec_serve
 
     try:
         exec_serve(args[1:])
     except PinMismatchError as exc:
         print(f"oracle: {exc}", file=sys.stderr)
         return 1
+    except FlagError as exc:
+        print(f"oracle: {exc}", file=sys.stderr)
+        return 2
     return 0  # not reached: exec_serve replaces the process
 
 

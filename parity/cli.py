@@ -13,6 +13,7 @@ input, 3 a target failed to start when it should have).
     parity schema
     parity model build --variant scripted --out DIR
     parity model export --format gguf --variant scripted --out FILE [--dtype f32|bf16]
+    parity pins [install VERSION|all | prune [VERSION ...] | check [VERSION ...]]
 
 Every ``parity run`` classifies its divergences against the decision ledger
 (``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
@@ -427,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     from parity.repro.cli import add_repro_commands
 
     add_repro_commands(sub)
+    from parity.pins_cli import add_pins_commands
+
+    add_pins_commands(sub)
     return parser
 
 

@@ -351,7 +351,6 @@ def common_placeholders(root: str, pins: str, version: str | None) -> dict[str, 
     pin's environment only for a bound template)."""
     import os
     import sys
-    from pathlib import Path
 
     from parity.project import PACKAGE_ROOT
 
@@ -362,11 +361,31 @@ def common_placeholders(root: str, pins: str, version: str | None) -> dict[str, 
         "pathsep": os.pathsep,
     }
     if version is not None:
-        from parity.pins import pin_runtime
-
-        python, path = pin_runtime(version, Path(pins))
-        values |= {"version": version, "pin_python": str(python), "pin_path": path}
+        values |= pin_placeholders(version, pins)
     return values
+
+
+def pin_placeholders(version: str, pins: str) -> dict[str, str]:
+    """``{version}``, ``{pin_python}`` and ``{pin_path}`` (the ``PYTHONPATH`` a process of that
+    release needs: oracle/_site and the shim of the harness's oracle and contract packages)
+    of an installed pin; ``TargetStartError`` when it is not installed."""
+    import os
+
+    from parity.errors import TargetStartError
+    from parity.pins import PINS_DIR_ENV, PinError, pin_runtime
+
+    saved = os.environ.get(PINS_DIR_ENV)
+    os.environ[PINS_DIR_ENV] = pins
+    try:
+        python, env = pin_runtime(version, {})
+    except PinError as exc:
+        raise TargetStartError(str(exc)) from None
+    finally:
+        if saved is None:
+            os.environ.pop(PINS_DIR_ENV, None)
+        else:
+            os.environ[PINS_DIR_ENV] = saved
+    return {"version": version, "pin_python": str(python), "pin_path": env.get("PYTHONPATH", "")}
 
 
 def expand(text: str, values: Mapping[str, str], environ: Mapping[str, str]) -> str:

