@@ -131,6 +131,13 @@ class StartupCheck:
     max_model_len: int  # effective (after auto-fit when max_model_len was auto)
 
 
+def startup_notes(startup: StartupCheck) -> list[str]:
+    """The run notes for a startup check: one line when upstream would refuse the config."""
+    if not startup.refused:
+        return []
+    return [f"upstream would refuse this config at startup: {startup.error}"]
+
+
 @dataclass(frozen=True)
 class BuiltConfig:
     """Everything a fresh ``Scheduler`` and its ``Request`` objects need, built once."""

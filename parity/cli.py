@@ -141,14 +141,25 @@ def _run_scheduler(
     from parity.runner import run_scenario
 
     results = []
-    for scenario in scenarios:
-        label = " vs ".join(t.name for t in targets)
-        mark(scenario.id, label, "running")
-        result, runs = run_scenario(scenario, targets)
-        traces[scenario.id] = runs
-        results.append(result)
-        mark(scenario.id, label, "done")
+    try:
+        for scenario in scenarios:
+            label = " vs ".join(t.name for t in targets)
+            mark(scenario.id, label, "running")
+            result, runs = run_scenario(scenario, targets)
+            traces[scenario.id] = runs
+            results.append(result)
+            mark(scenario.id, label, "done")
+    finally:
+        _shutdown(targets)
     return results
+
+
+def _shutdown(targets: list) -> None:
+    """End the processes of targets that own one (a protocol worker: ``shutdown``)."""
+    for target in targets:
+        shutdown = getattr(target, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _needs_details(result: object, ledger_report: object) -> bool:
@@ -199,7 +210,10 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario)
     target = make_target(args.target, "scheduler")
-    run = run_target(scenario, target)  # type: ignore[arg-type]
+    try:
+        run = run_target(scenario, target)  # type: ignore[arg-type]
+    finally:
+        _shutdown([target])
     if args.json:
         sys.stdout.write(format_trace_json(run))
     else:

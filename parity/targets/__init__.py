@@ -3,8 +3,9 @@
 ``make_target("engine", tier="scheduler")`` returns a fresh target. Specs are registry names
 (``engine``, ``oracle``) or ``prefix:argument`` (``engine:/models/scripted``), optionally
 followed by flags the target takes (``engine --divergence abort-unservable``: the target's
-``configure_flags``; split with shlex). Heavy modules are imported only when their target is
-made.
+``configure_flags``; split with shlex). A *command* target takes the whole rest of the spec as
+its argument instead (``worker:python -m engine.core.scheduler_worker``: a protocol worker,
+``parity/targets/worker.py``). Heavy modules are imported only when their target is made.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ TargetFactory = Callable[[str], Target]
 _FACTORIES: dict[tuple[str, str], TargetFactory | str] = {
     ("scheduler", "engine"): "parity.targets.engine:EngineTarget",
     ("scheduler", "oracle"): "parity.targets.oracle:OracleTarget",
+    ("scheduler", "worker"): "parity.targets.worker:worker_target",
 }
+# Targets whose argument is everything after "name:" (a command line), never flags.
+_COMMAND_TARGETS = {("scheduler", "worker")}
 
 
 def register_target(tier: str, name: str, factory: TargetFactory | str) -> None:
@@ -42,6 +46,8 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
         raise TargetSpecError(f"unknown tier {tier!r} (choose from {', '.join(TIERS)})")
     head, _, rest = spec.strip().partition(" ")
     name, _, argument = head.partition(":")
+    if (tier, name) in _COMMAND_TARGETS:
+        argument, rest = spec.strip()[len(name) + 1 :], ""
     try:
         flags = shlex.split(rest)
     except ValueError as e:
