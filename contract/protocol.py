@@ -379,7 +379,7 @@ _VALUE_CHECKS = {
     "counts": _is_int,
     "reasons": lambda v: isinstance(v, str),
     "stops": lambda v: v is None or isinstance(v, str) or _is_int(v),
-    "tokens": lambda v: isinstance(v, list) and all(_is_int(t) for t in v),
+    "tokens": lambda v: isinstance(v, list | tuple) and all(_is_int(t) for t in v),
 }
 
 
@@ -394,7 +394,7 @@ def decode_trace(data: dict[str, Any]) -> StepTrace:
         if kind == "int":
             good = _is_int(value)
         elif kind == "ids":
-            good = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            good = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
         else:
             check = _VALUE_CHECKS[kind]
             good = isinstance(value, dict) and all(check(v) for v in value.values())

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from contract.protocol import RequestLike, output_token_at
 from contract.scripted.script import ContextState, ScriptState, new_state
 from contract.trace import StepTrace
+from oracle import releases
 from oracle.pin import check_installed
 from oracle.scheduler_config import (  # checks the pin and sets the offline env before vllm
     BuiltConfig,
@@ -298,7 +299,7 @@ class OracleScheduler:
                     finished[out.request_id] = str(out.finish_reason)
                     stop_reasons[out.request_id] = out.stop_reason
         running = tuple(r.request_id for r in sched.running)
-        waiting_reqs = [*sched.kv_holding_waiting, *sched.waiting]
+        waiting_reqs = releases.waiting_requests(sched)
         manager = sched.kv_cache_manager
         return StepTrace(
             step=self.step_index,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from oracle import releases
 from oracle.launcher import OFFLINE_ENV
 from oracle.pin import check_installed
 
@@ -216,8 +217,7 @@ def _layer_specs(vllm_config: VllmConfig, block_size: int) -> dict[str, FullAtte
 def _startup_check(vllm_config: VllmConfig, specs: dict[str, FullAttentionSpec]) -> StartupCheck:
     """Run upstream's startup sizing on ``vllm_config`` (auto-fit mutates it, as upstream)."""
     cache_config = vllm_config.cache_config
-    if cache_config.kv_cache_layout is None:
-        cache_config.kv_cache_layout = _CHECK_LAYOUT
+    releases.set_kv_cache_layout(cache_config, _CHECK_LAYOUT)
     page = sum(spec.page_size_bytes for spec in specs.values())
     available = int(cache_config.num_gpu_blocks_override or 0) * page
     try:

@@ -79,7 +79,7 @@ class SchedulerTierEngine:
         num_blocks = config.num_gpu_blocks_override
         if num_blocks is None:
             raise EngineRefusal("the scheduler tier needs num_gpu_blocks_override")
-        self.startup = self._startup_check(model, config)
+        self.startup = self._startup_check(model, config, max_model_len)
         self.runner = ScriptedModelRunner(self.script, block_size=config.block_size)
         self.core = EngineCore(config, self.runner, num_blocks, max_model_len)
         self._eos_token_id = model.eos_token_id
@@ -104,13 +104,15 @@ class SchedulerTierEngine:
             return resolve_max_model_len(model, config.explicit_max_model_len)
         return int(self._plan(model, config, "auto").max_model_len)
 
-    def _startup_check(self, model: ModelConfig, config: EngineConfig) -> Startup:
+    def _startup_check(
+        self, model: ModelConfig, config: EngineConfig, max_model_len: int
+    ) -> Startup:
         """What our startup capacity check would say (the tier runs the config anyway)."""
         requested = -1 if config.auto_fit_max_model_len else config.explicit_max_model_len
         try:
             plan = self._plan(model, config, requested)
         except ValueError as exc:  # KVCacheCapacityError: upstream's refusal text
-            return Startup(True, str(exc), None)
+            return Startup(True, str(exc), max_model_len)
         return Startup(False, None, int(plan.max_model_len))
 
     def submit(self, request: RequestLike, output_token_ids: Sequence[int] | None = None) -> None:

@@ -75,6 +75,7 @@ class WorkerTarget:
 
     def start(self, config: ConfigSpec) -> None:
         self.close()
+        self.notes, self.startup = [], None
         values = engine_args(config, self.model_dir)
         self._eos_ids = model_eos_ids(values["model"])
         try:
