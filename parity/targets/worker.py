@@ -113,8 +113,8 @@ class WorkerTarget:
         self._scenario_call(message, "submit")
 
     def step(self) -> StepTrace:
-        response = self._scenario_call(protocol.simple("step"), "step")
-        return protocol.decode_trace(response["trace"])
+        response = self._scenario_call(protocol.simple("step"), "step")  # trace checked
+        return StepTrace.from_json(response["trace"])
 
     def close(self) -> None:
         """End the scenario (the process stays for the next one); never raises."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,7 @@ TRACE = StepTrace(
     waiting=(),
     num_free_blocks=3,
 )
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = SubmitRequest("r1", (389, 1), 2, (5, 6), min_tokens=1, stop_token_ids=(6,))
 
 
@@ -207,3 +211,25 @@ def test_serve_rejects_another_protocol_version_and_closes_at_eof() -> None:
     )
     assert answers[0] == {"ok": False, "error": "protocol 2 requested, this worker speaks 1"}
     assert code == 0 and backend.calls == ["start", "close"]  # EOF closes the open scenario
+
+
+def _modules_after_import(*modules: str, flags: tuple[str, ...] = ()) -> set[str]:
+    code = f"import sys\nimport {', '.join(modules)}\nprint('\\n'.join(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {name.partition(".")[0] for name in proc.stdout.split()}
+
+
+def test_the_contract_side_of_the_protocol_is_standard_library_only() -> None:
+    # -S: no site-packages at all (a bare interpreter); the repo root is sys.path[0].
+    modules = ("contract.protocol", "contract.worker", "contract.scripted.script")
+    loaded = _modules_after_import(*modules, flags=("-S",))
+    foreign = loaded - set(sys.stdlib_module_names) - {"contract", "__main__"}
+    assert not foreign, sorted(foreign)
+
+
+def test_workers_import_neither_the_harness_nor_each_other() -> None:
+    assert not {"parity", "oracle"} & _modules_after_import("engine.core.scheduler_worker")
+    assert not {"parity", "engine", "vllm"} & _modules_after_import("oracle.scheduler_worker")

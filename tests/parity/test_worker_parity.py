@@ -1,31 +1,22 @@
-"""The worker protocol changes no verdict: the scheduler suite and the differential property
-test give, scenario by scenario and example by example, the verdicts of the in-process targets
-when our engine, the pinned upstream scheduler, or both run behind the protocol."""
+"""The worker protocol changes no verdict: the scheduler suite gives, scenario by scenario, the
+verdicts of the in-process targets when our engine, the pinned upstream scheduler, or both run
+behind the protocol, with and without a divergence profile. (The differential property test,
+``test_differential.py``, checks every example through the protocol too.)"""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any
 
 import pytest
-from hypothesis import given
-from parity_helpers import ROOT, differential_settings
-from parity_workloads import workloads
+from parity_helpers import ROOT, verdict
 
 from parity.loader import load_scenarios
-from parity.results import ScenarioResult
 from parity.runner import run_scenario
-from parity.scenario import Scenario
 from parity.targets import make_target
 from parity.targets.worker import WorkerTarget
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(1800)]
-
-
-def verdict(result: ScenarioResult) -> tuple[Any, ...]:
-    paths = tuple((d.step, d.path, str(d.left), str(d.right)) for d in result.divergences)
-    return result.status, result.verdict, paths
 
 
 def test_the_scheduler_suite_gives_the_same_verdicts_through_the_protocol(
@@ -70,34 +61,3 @@ def test_a_divergence_profile_diverges_identically_through_the_protocol(
         worker.implementation
         == f"vllm-parity engine (engine.core.scheduler_worker) --divergence {profile}"
     )
-
-
-def test_the_differential_property_gives_the_same_verdicts_through_the_protocol(
-    engine_target: Any,
-    oracle_target: Any,
-    engine_worker: Any,
-    oracle_worker: Any,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    timings = {"in-process": 0.0, "protocol": 0.0}
-    examples: list[str] = []
-
-    @differential_settings()
-    @given(scenario=workloads(scenario_id="differential-protocol"))
-    def property_(scenario: Scenario) -> None:
-        began = time.perf_counter()
-        reference, _ = run_scenario(scenario, [engine_target, oracle_target])
-        middle = time.perf_counter()
-        result, _ = run_scenario(scenario, [engine_worker, oracle_worker])
-        timings["in-process"] += middle - began
-        timings["protocol"] += time.perf_counter() - middle
-        assert verdict(result) == verdict(reference)
-        examples.append(reference.status)
-
-    property_()
-    with capsys.disabled():
-        print(
-            f"\ndifferential through the protocol: {len(examples)} examples, in-process "
-            f"{timings['in-process']:.1f} s, protocol {timings['protocol']:.1f} s"
-        )
-    assert len(examples) >= differential_settings().max_examples * 0.9
