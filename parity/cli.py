@@ -139,6 +139,7 @@ def _run_scheduler(
     scenarios: list, targets: list, mark: Callable[..., None], traces: dict[str, tuple]
 ) -> list:
     from parity.runner import run_scenario
+    from parity.targets import shutdown_targets
 
     results = []
     try:
@@ -150,16 +151,8 @@ def _run_scheduler(
             results.append(result)
             mark(scenario.id, label, "done")
     finally:
-        _shutdown(targets)
+        shutdown_targets(targets)
     return results
-
-
-def _shutdown(targets: list) -> None:
-    """End the processes of targets that own one (a protocol worker: ``shutdown``)."""
-    for target in targets:
-        shutdown = getattr(target, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
 
 
 def _needs_details(result: object, ledger_report: object) -> bool:
@@ -206,14 +199,14 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from parity.format import format_trace, format_trace_json
     from parity.loader import load_scenario
     from parity.runner import run_target
-    from parity.targets import make_target
+    from parity.targets import make_target, shutdown_targets
 
     scenario = load_scenario(args.scenario)
     target = make_target(args.target, "scheduler")
     try:
         run = run_target(scenario, target)  # type: ignore[arg-type]
     finally:
-        _shutdown([target])
+        shutdown_targets([target])
     if args.json:
         sys.stdout.write(format_trace_json(run))
     else:

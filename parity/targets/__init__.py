@@ -71,6 +71,15 @@ def make_target(spec: str, tier: str = "scheduler") -> Target:
     return target
 
 
+def shutdown_targets(targets: list[Target] | tuple[Target, ...]) -> None:
+    """End the processes of targets that own one (a protocol worker's ``shutdown``); the
+    others have nothing to end after ``close``."""
+    for target in targets:
+        shutdown = getattr(target, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
 __all__ = [
     "SchedulerTarget",
     "Target",
@@ -78,4 +87,5 @@ __all__ = [
     "available_targets",
     "make_target",
     "register_target",
+    "shutdown_targets",
 ]
