@@ -134,6 +134,25 @@ def _alive(pid: int) -> bool:
         return stat.read().split()[2] != "Z"
 
 
+def test_a_python_workers_stray_output_goes_to_stderr(tiny: Any) -> None:
+    noisy = Path(__file__).parent / "workers" / "noisy_worker.py"
+    target = WorkerTarget("noisy", [sys.executable, str(noisy)], cwd=ROOT, step_timeout_s=10)
+    try:
+        run = run_target(tiny, target)
+        assert run.summary.started and run.summary.error is None and run.summary.wedge is not None
+        assert run.summary.notes == ("noisy",)
+        assert target._process is not None
+        tail = "\n".join(target._process.stderr_tail)
+        for text in (
+            "print() during start",
+            "logging to sys.stdout",
+            "raw write to fd 1 during step",
+        ):
+            assert text in tail
+    finally:
+        target.shutdown()
+
+
 def test_an_unrunnable_command_is_a_start_error(tiny: Any) -> None:
     target = WorkerTarget("nowhere", ["/nonexistent/worker"])
     with pytest.raises(TargetStartError, match="cannot run '/nonexistent/worker'"):
