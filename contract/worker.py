@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
-from contract import protocol
+from contract import protocol, protocol_checks
 from contract.protocol import ProtocolError, Refused, Started, SubmitRequest, Unsupported
 from contract.trace import StepTrace
 
@@ -59,7 +59,7 @@ class _Session:
     def answer(self, line: bytes) -> tuple[dict[str, Any], bool]:
         """The response to one request line, and whether the process should exit after it."""
         try:
-            op, payload = protocol.parse_request(protocol.decode(line))
+            op, payload = protocol_checks.parse_request(protocol.decode(line))
             return self._dispatch(op, payload), op == "exit"
         except Refused as exc:
             return protocol.failure("refused", str(exc)), False

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from contract import protocol
+from contract import protocol, protocol_checks
 from contract.trace import StepTrace
 from parity.errors import TargetSpecError, TargetStartError
 from parity.scenario import ConfigSpec, RequestSpec
@@ -86,7 +86,7 @@ class WorkerTarget:
         if not response["ok"]:
             raise TargetStartError(self._start_failure(response))
         self.notes = list(response.get("notes", []))
-        self.startup = protocol.parse_startup(response.get("startup", {}))
+        self.startup = protocol_checks.parse_startup(response.get("startup", {}))
         self._in_scenario = True
 
     def submit(self, request: RequestSpec) -> None:
@@ -169,7 +169,7 @@ class WorkerTarget:
         """One checked exchange; on any failure the process is reaped and WorkerError raised."""
         try:
             response = process.exchange(message, timeout_s, op)
-            return protocol.check_response(op, response)
+            return protocol_checks.check_response(op, response)
         except protocol.ProtocolError as exc:
             self._reap()
             raise WorkerError(f"{self.name}: bad {op} response: {exc}") from None

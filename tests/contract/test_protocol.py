@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from contract import protocol
+from contract import protocol, protocol_checks
 from contract.protocol import ProtocolError, Refused, Started, Startup, SubmitRequest, Unsupported
 from contract.trace import StepTrace
 from contract.worker import serve
@@ -41,7 +41,9 @@ def test_encode_is_one_compact_utf8_line_and_decode_inverts_it() -> None:
     line = protocol.encode(message)
     assert line.endswith(b"\n") and line.count(b"\n") == 1 and b" " not in line
     assert protocol.decode(line) == message
-    assert protocol.parse_request(protocol.decode(protocol.encode(protocol.submit(REQUEST)))) == (
+    assert protocol_checks.parse_request(
+        protocol.decode(protocol.encode(protocol.submit(REQUEST)))
+    ) == (
         "submit",
         REQUEST,
     )
@@ -57,15 +59,17 @@ def test_decode_names_what_is_wrong(line: bytes, expected: str) -> None:
 
 
 def test_start_config_gets_every_default_and_rejects_unknown_or_mistyped_keys() -> None:
-    op, config = protocol.parse_request({"op": "start", "config": {"model": "/m", "seed": 3}})
+    op, config = protocol_checks.parse_request(
+        {"op": "start", "config": {"model": "/m", "seed": 3}}
+    )
     assert op == "start" and config == {**protocol.CONFIG_DEFAULTS, "model": "/m", "seed": 3}
     with pytest.raises(Unsupported, match="swap_space: not a scheduler-tier engine arg"):
-        protocol.parse_config({"model": "/m", "swap_space": 4})
+        protocol_checks.parse_config({"model": "/m", "swap_space": 4})
     with pytest.raises(ProtocolError, match="config.block_size must be an integer, got True"):
-        protocol.parse_config({"model": "/m", "block_size": True})
+        protocol_checks.parse_config({"model": "/m", "block_size": True})
     with pytest.raises(ProtocolError, match="config.model must be the model folder"):
-        protocol.parse_config({})
-    assert protocol.parse_config({"model": "/m", "max_model_len": -1})["max_model_len"] == -1
+        protocol_checks.parse_config({})
+    assert protocol_checks.parse_config({"model": "/m", "max_model_len": -1})["max_model_len"] == -1
 
 
 @pytest.mark.parametrize(
@@ -84,21 +88,23 @@ def test_start_config_gets_every_default_and_rejects_unknown_or_mistyped_keys() 
 )
 def test_bad_requests_are_protocol_errors(request_: dict[str, Any], expected: str) -> None:
     with pytest.raises(ProtocolError) as info:
-        protocol.parse_request(request_)
+        protocol_checks.parse_request(request_)
     assert expected in str(info.value)
 
 
 def test_submit_defaults() -> None:
     minimal = {"id": "a", "prompt_token_ids": [1], "max_tokens": 1, "output_token_ids": [2]}
-    assert protocol.parse_submit(minimal) == SubmitRequest("a", (1,), 1, (2,))
+    assert protocol_checks.parse_submit(minimal) == SubmitRequest("a", (1,), 1, (2,))
 
 
 def test_check_response_accepts_the_documented_shapes_only() -> None:
     started = protocol.start_response(Started(("n",), Startup(True, "too small", 48)))
-    assert protocol.check_response("start", started) is started
-    assert protocol.parse_startup(started["startup"]) == Startup(True, "too small", 48)
-    assert protocol.check_response("step", protocol.step_response(TRACE))["trace"]["step"] == 1
-    assert protocol.check_response("start", protocol.failure("refused", "no\n  way")) == {
+    assert protocol_checks.check_response("start", started) is started
+    assert protocol_checks.parse_startup(started["startup"]) == Startup(True, "too small", 48)
+    assert (
+        protocol_checks.check_response("step", protocol.step_response(TRACE))["trace"]["step"] == 1
+    )
+    assert protocol_checks.check_response("start", protocol.failure("refused", "no\n  way")) == {
         "ok": False,
         "refused": "no way",
     }
@@ -113,17 +119,19 @@ def test_check_response_accepts_the_documented_shapes_only() -> None:
     ]
     for op, message in bad:
         with pytest.raises(ProtocolError):
-            protocol.check_response(op, message)
+            protocol_checks.check_response(op, message)
 
 
 def test_decode_trace_checks_every_field_and_round_trips() -> None:
     data = json.loads(json.dumps(TRACE.to_json()))
-    assert protocol.decode_trace(data) == TRACE
+    assert protocol_checks.decode_trace(data) == TRACE
     for field, value in [("step", "1"), ("running", ["a", 2]), ("finished", {"a": 1})]:
         with pytest.raises(ProtocolError, match=f"trace.{field} is not"):
-            protocol.decode_trace({**data, field: value})
+            protocol_checks.decode_trace({**data, field: value})
     with pytest.raises(ProtocolError, match=r"missing \['waiting'\], unknown \['extra'\]"):
-        protocol.decode_trace({**{k: v for k, v in data.items() if k != "waiting"}, "extra": 1})
+        protocol_checks.decode_trace(
+            {**{k: v for k, v in data.items() if k != "waiting"}, "extra": 1}
+        )
 
 
 def test_output_token_at_names_the_request_and_index() -> None:
@@ -224,7 +232,7 @@ def _modules_after_import(*modules: str, flags: tuple[str, ...] = ()) -> set[str
 
 def test_the_contract_side_of_the_protocol_is_standard_library_only() -> None:
     # -S: no site-packages at all (a bare interpreter); the repo root is sys.path[0].
-    modules = ("contract.protocol", "contract.worker", "contract.scripted.script")
+    modules = ("contract.protocol_checks", "contract.worker", "contract.scripted.script")
     loaded = _modules_after_import(*modules, flags=("-S",))
     foreign = loaded - set(sys.stdlib_module_names) - {"contract", "__main__"}
     assert not foreign, sorted(foreign)
