@@ -77,7 +77,10 @@ class WorkerTarget:
         self.close()
         self.notes, self.startup = [], None
         values = engine_args(config, self.model_dir)
-        self._eos_ids = model_eos_ids(values["model"])
+        try:
+            self._eos_ids = model_eos_ids(values["model"])
+        except (OSError, ValueError) as exc:
+            raise TargetStartError(f"{self.name}: cannot read {values['model']}: {exc}") from None
         try:
             process = self._ensure_process()
             response = self._ask(process, protocol.start(values), "start", self.start_timeout_s)

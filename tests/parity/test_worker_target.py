@@ -153,6 +153,13 @@ def test_a_python_workers_stray_output_goes_to_stderr(tiny: Any) -> None:
         target.shutdown()
 
 
+def test_an_unreadable_model_folder_is_a_start_error(tiny: Any, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json", encoding="utf-8")
+    target = WorkerTarget("nowhere", ["/nonexistent/worker"], model_dir=tmp_path)
+    with pytest.raises(TargetStartError, match=f"nowhere: cannot read {tmp_path}: Expecting"):
+        target.start(tiny.config)
+
+
 def test_an_unrunnable_command_is_a_start_error(tiny: Any) -> None:
     target = WorkerTarget("nowhere", ["/nonexistent/worker"])
     with pytest.raises(TargetStartError, match="cannot run '/nonexistent/worker'"):
