@@ -9,6 +9,9 @@ port written in another language:
   compares), with its JSON form.
 - ``contract.scripted``: the scripted test model: vocabulary, the pure-Python script of its
   greedy output, its tokenizer files, constructed weights, and the checkpoint builder.
+- ``contract.protocol`` / ``contract.protocol_checks``: the scheduler-tier worker protocol
+  (docs/scheduler-protocol.md): message shapes, encode/decode, version; ``contract.worker``: the
+  serving loop of a Python worker.
 - ``contract.profiles``: the table of deliberate divergence profiles (name, what it changes,
   upstream's behaviour, the signature it causes, the tiers it acts at).
 """

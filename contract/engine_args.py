@@ -16,20 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# Keys both scheduler-tier sides take (block_size ... seed), in a stable order.
-SCHEDULER_ARGS: tuple[str, ...] = (
-    "dtype",
-    "block_size",
-    "num_gpu_blocks_override",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "scheduling_policy",
-    "long_prefill_token_threshold",
-    "seed",
-)
+from contract.protocol import ENGINE_ARGS
+
+# Keys both scheduler-tier sides take (block_size ... seed), in a stable order: the keys of a
+# protocol ``start`` config (``contract.protocol.CONFIG_DEFAULTS``, which also has defaults).
+SCHEDULER_ARGS: tuple[str, ...] = ENGINE_ARGS
 
 # Keys a serve-tier scenario may set, in the order their flags are given.
 SERVE_ARGS: tuple[str, ...] = (

@@ -81,6 +81,30 @@ def parse_profiles(names: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(result)
 
 
+def scheduler_tier_profiles(flags: Iterable[str]) -> tuple[str, ...]:
+    """The profiles named by ``--divergence NAME`` flags (repeatable, or ``--divergence=NAME``)
+    for the scheduler tier; ``ValueError`` (one line) for another flag, an unknown profile or
+    one that acts at the serve tier only."""
+    names: list[str] = []
+    words = iter(flags)
+    for word in words:
+        if word.startswith("--divergence="):
+            names.append(word.split("=", 1)[1])
+        elif word == "--divergence":
+            names.append(next(words, ""))
+        else:
+            raise ValueError(f"unknown flag {word!r} (only --divergence NAME)")
+    profiles = parse_profiles(names)
+    serve_only = [p for p in profiles if "scheduler" not in PROFILES[p].tiers]
+    if serve_only:
+        scheduler = [name for name, p in PROFILES.items() if "scheduler" in p.tiers]
+        raise ValueError(
+            f"profile {serve_only[0]!r} acts at the serve tier only "
+            f"(scheduler tier: {', '.join(scheduler)})"
+        )
+    return profiles
+
+
 def argparse_profile(value: str) -> str:
     """``type=`` of ``--divergence``: an unknown name is argparse's one-line error, exit 2."""
     try:

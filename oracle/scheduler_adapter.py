@@ -16,7 +16,10 @@ The fake runner, like upstream's GPU/CPU model runner:
 - under ``min_tokens`` masks ``sampling_params.all_stop_token_ids`` as ``MinTokensLogitsProcessor``
   does (``v1/sample/logits_processor/builtin.py:165-205``): ``stop_token_ids`` plus the EOS id,
   which ``update_from_generation_config`` (``sampling_params.py:772``) adds even with
-  ``ignore_eos``; the best unmasked token of ``script.ranked()`` is taken instead.
+  ``ignore_eos``; the best unmasked token of ``script.ranked()`` is taken instead;
+- or, for a request added with ``output_token_ids`` (a protocol worker,
+  ``oracle/scheduler_worker.py``), samples ``output_token_ids[k]`` as its k-th output token
+  (the harness computed it from the script, masking included).
 
 Requests are upstream ``Request`` objects (``v1/request.py:60``) built like
 ``Request.from_engine_core_request`` after the input processor (``v1/engine/input_processor.py:
@@ -31,11 +34,14 @@ on submission order; our engine must use the same rule.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from contract.protocol import RequestLike, output_token_at
 from contract.scripted.script import ContextState, ScriptState, new_state
 from contract.trace import StepTrace
+from oracle import releases
 from oracle.pin import check_installed
 from oracle.scheduler_config import (  # checks the pin and sets the offline env before vllm
     BuiltConfig,
@@ -43,6 +49,7 @@ from oracle.scheduler_config import (  # checks the pin and sets the offline env
     StartupCheck,
     build_config,
     normalize_config,
+    startup_notes,
 )
 
 check_installed()
@@ -58,12 +65,24 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 __all__ = [
     "OracleConfigError",
+    "OracleRefusal",
     "OracleRequestError",
     "OracleScheduler",
     "Script",
     "StartupCheck",
+    "quiet_logging",
     "run",
+    "start_scheduler",
+    "startup_notes",
 ]
+
+
+def quiet_logging() -> None:
+    """Upstream warns on every scheduler built with a block size that is not a multiple of 32
+    (``platforms/cpu.py:295-299``); keep the output readable unless vllm's logger is configured."""
+    vllm_logger = logging.getLogger("vllm")
+    if vllm_logger.level == logging.NOTSET:
+        vllm_logger.setLevel(logging.ERROR)
 
 
 class Script(Protocol):
@@ -106,6 +125,7 @@ class OracleScheduler:
         self._preempted: list[str] = []
         # request_id -> (the upstream Request, its script state over its tokens so far).
         self._script_states: dict[str, tuple[Request, ScriptState | ContextState]] = {}
+        self._outputs: dict[str, tuple[int, ...]] = {}  # request id -> scripted outputs
         # Recover the preemption order (upstream reports a set) by wrapping the instance's
         # _preempt_request; every preemption in schedule() goes through it.
         preempt = self.scheduler._preempt_request
@@ -134,8 +154,10 @@ class OracleScheduler:
         ignore_eos: bool = False,
         stop_token_ids: Iterable[int] = (),
         priority: int = 0,
+        output_token_ids: Sequence[int] | None = None,
     ) -> None:
-        """Submit a request; it is seen by the next ``step()``."""
+        """Submit a request; it is seen by the next ``step()``. With ``output_token_ids`` the
+        fake runner samples from that list instead of the script."""
         if request_id in self.scheduler.requests:
             raise OracleRequestError(f"duplicate request_id {request_id!r}")
         _check_prompt_len(len(prompt_token_ids), self.scheduler.max_model_len)
@@ -161,6 +183,23 @@ class OracleScheduler:
         )
         self._num_added += 1
         self.scheduler.add_request(request)
+        if output_token_ids is not None:
+            self._outputs[request_id] = tuple(output_token_ids)
+
+    def submit(self, request: RequestLike, output_token_ids: Sequence[int] | None = None) -> None:
+        """``add_request`` with the fields of a request object (a scenario's or the protocol's)."""
+        if request.prompt_token_ids is None or request.max_tokens is None:
+            raise OracleRequestError(f"request {request.id}: needs prompt_token_ids and max_tokens")
+        self.add_request(
+            request_id=request.id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            max_tokens=request.max_tokens,
+            min_tokens=request.min_tokens,
+            ignore_eos=request.ignore_eos,
+            stop_token_ids=tuple(request.stop_token_ids),
+            priority=request.priority,
+            output_token_ids=output_token_ids,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -189,6 +228,7 @@ class OracleScheduler:
         states = self._script_states
         for req_id in scheduler_output.finished_req_ids:
             states.pop(req_id, None)
+            self._outputs.pop(req_id, None)
         for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
             # Rebuilt from all tokens, as upstream's runner re-adds a resumed request to its
             # persistent batch (v1/worker/gpu_model_runner.py:1418-1440).
@@ -223,6 +263,9 @@ class OracleScheduler:
         return state
 
     def _sample(self, request: Request) -> int:
+        scripted = self._outputs.get(request.request_id)
+        if scripted is not None:
+            return output_token_at(request.request_id, scripted, request.num_output_tokens)
         state = self._script_state(request)
         token = state.next_token()
         params = request.sampling_params
@@ -256,7 +299,7 @@ class OracleScheduler:
                     finished[out.request_id] = str(out.finish_reason)
                     stop_reasons[out.request_id] = out.stop_reason
         running = tuple(r.request_id for r in sched.running)
-        waiting_reqs = [*sched.kv_holding_waiting, *sched.waiting]
+        waiting_reqs = releases.waiting_requests(sched)
         manager = sched.kv_cache_manager
         return StepTrace(
             step=self.step_index,
@@ -276,6 +319,18 @@ class OracleScheduler:
             waiting=tuple(r.request_id for r in waiting_reqs),
             num_free_blocks=manager.block_pool.get_num_free_blocks(),
         )
+
+
+class OracleRefusal(ValueError):
+    """The oracle will not run a config (one line, naming the oracle)."""
+
+
+def start_scheduler(config: Any, *, script: Script | None = None) -> OracleScheduler:
+    """An ``OracleScheduler`` for engine args; ``OracleRefusal`` when upstream rejects them."""
+    try:
+        return OracleScheduler(config, script=script)
+    except (OracleConfigError, ValueError) as exc:
+        raise OracleRefusal(f"oracle refuses the config: {exc}") from None
 
 
 def _check_prompt_len(prompt_len: int, max_model_len: int) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from oracle import releases
 from oracle.launcher import OFFLINE_ENV
 from oracle.pin import check_installed
 
@@ -131,6 +132,13 @@ class StartupCheck:
     max_model_len: int  # effective (after auto-fit when max_model_len was auto)
 
 
+def startup_notes(startup: StartupCheck) -> list[str]:
+    """The run notes for a startup check: one line when upstream would refuse the config."""
+    if not startup.refused:
+        return []
+    return [f"upstream would refuse this config at startup: {startup.error}"]
+
+
 @dataclass(frozen=True)
 class BuiltConfig:
     """Everything a fresh ``Scheduler`` and its ``Request`` objects need, built once."""
@@ -209,8 +217,7 @@ def _layer_specs(vllm_config: VllmConfig, block_size: int) -> dict[str, FullAtte
 def _startup_check(vllm_config: VllmConfig, specs: dict[str, FullAttentionSpec]) -> StartupCheck:
     """Run upstream's startup sizing on ``vllm_config`` (auto-fit mutates it, as upstream)."""
     cache_config = vllm_config.cache_config
-    if cache_config.kv_cache_layout is None:
-        cache_config.kv_cache_layout = _CHECK_LAYOUT
+    releases.set_kv_cache_layout(cache_config, _CHECK_LAYOUT)
     page = sum(spec.page_size_bytes for spec in specs.values())
     available = int(cache_config.num_gpu_blocks_override or 0) * page
     try:

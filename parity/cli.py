@@ -58,7 +58,7 @@ def _cmd_model_build(args: argparse.Namespace) -> int:
     for variant in variants:
         out = Path(args.out) if args.out else models / variant
         files = build(variant, out, seed=args.seed)
-        print(f"{variant}: {out}")
+        print(f"{variant}: {out}", file=sys.stderr)
         for name, digest in sorted(files.items()):
             print(f"{digest}  {name}")
     return EXIT_OK
@@ -201,15 +201,19 @@ def _run_scheduler(
     project: Any = None,
 ) -> list:
     from parity.runner import run_scenario
+    from parity.targets import shutdown_targets
 
     results = []
-    for scenario in scenarios:
-        label = " vs ".join(t.name for t in targets)
-        mark(scenario.id, label, "running")
-        result, runs = run_scenario(scenario, targets, project)
-        traces[scenario.id] = runs
-        results.append(result)
-        mark(scenario.id, label, "done")
+    try:
+        for scenario in scenarios:
+            label = " vs ".join(t.name for t in targets)
+            mark(scenario.id, label, "running")
+            result, runs = run_scenario(scenario, targets, project)
+            traces[scenario.id] = runs
+            results.append(result)
+            mark(scenario.id, label, "done")
+    finally:
+        shutdown_targets(targets)
     return results
 
 
@@ -283,12 +287,15 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from parity.format import format_trace, format_trace_json
     from parity.loader import load_scenario
     from parity.runner import run_target
-    from parity.targets import make_target
+    from parity.targets import make_target, shutdown_targets
 
     project = project_of(args)
     scenario = load_scenario(args.scenario)
     target = make_target(args.target, "scheduler", project)
-    run = run_target(scenario, target, project)  # type: ignore[arg-type]
+    try:
+        run = run_target(scenario, target, project)  # type: ignore[arg-type]
+    finally:
+        shutdown_targets([target])
     if args.json:
         sys.stdout.write(format_trace_json(run))
     else:

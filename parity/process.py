@@ -27,11 +27,29 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
-_LIVE: set[ManagedProcess] = set()
+
+class Stoppable(Protocol):
+    """Anything that reaps its own process group (``ManagedProcess``, a protocol worker)."""
+
+    def stop(self, grace_s: float = 10.0) -> Any: ...
+
+
+_LIVE: set[Stoppable] = set()
 _TEMP_DIRS: set[Path] = set()
+
+
+def track(process: Stoppable) -> None:
+    """Reap ``process`` (``stop(grace_s=2)``) at exit or SIGTERM unless untracked before."""
+    _LIVE.add(process)
+    _exit_on_sigterm()
+
+
+def untrack(process: Stoppable) -> None:
+    _LIVE.discard(process)
 
 
 class StartupError(RuntimeError):
@@ -86,8 +104,7 @@ class ManagedProcess:
             process_group=0,
         )
         self.stop_record: StopRecord | None = None
-        _LIVE.add(self)
-        _exit_on_sigterm()
+        track(self)
 
     @property
     def pid(self) -> int:
@@ -132,15 +149,15 @@ class ManagedProcess:
         t0 = time.monotonic()
         sufficed = True
         if not already:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            signal_group(self.proc.pid, signal.SIGTERM)
             # a paused (SIGSTOPped) member only acts on SIGTERM once it runs again
-            _signal_group(self.proc.pid, signal.SIGCONT)
+            signal_group(self.proc.pid, signal.SIGCONT)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 sufficed = False
         # The leader may be gone while workers of its group linger: always finish the group.
-        _signal_group(self.proc.pid, signal.SIGKILL)
+        signal_group(self.proc.pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
@@ -152,11 +169,12 @@ class ManagedProcess:
             already_exited=already,
         )
         self._log.close()
-        _LIVE.discard(self)
+        untrack(self)
         return self.stop_record
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """``os.killpg``, ignoring a group that is already gone."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):

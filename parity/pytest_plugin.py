@@ -152,11 +152,14 @@ class ScenarioItem(pytest.Item):
 
     def _run_scheduler(self) -> Any:
         from parity.runner import run_scenario
-        from parity.targets import make_target
+        from parity.targets import make_target, shutdown_targets
 
         project = _project(self.config)
         targets = [make_target(spec, "scheduler", project) for spec in _targets(self.config)]
-        result, _runs = run_scenario(self.scenario, targets, project)  # type: ignore[arg-type]
+        try:
+            result, _runs = run_scenario(self.scenario, targets, project)  # type: ignore[arg-type]
+        finally:
+            shutdown_targets(targets)
         return result
 
     def _run_serve(self) -> Any:

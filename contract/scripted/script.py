@@ -32,7 +32,8 @@ Every token with a positive score has a distinct score (>= 22 tie-free ranks); t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -328,6 +329,47 @@ def _best_allowed(order: Sequence[int], masked: set[int]) -> int:
     raise ScriptError(f"min_tokens masks all {len(order)} tie-free tokens of the script")
 
 
+def _greedy(prompt_ids: Sequence[int], min_tokens: int, masked: set[int]) -> Iterator[int]:
+    """Greedy output tokens after ``prompt_ids``, forever (``masked`` banned while fewer than
+    ``min_tokens`` are out)."""
+    state = _state(prompt_ids)
+    if state.last is None:
+        raise ScriptError("the prompt must not be empty")
+
+    def tokens() -> Iterator[int]:
+        num_out = 0
+        while True:
+            order = state.ranked()
+            token_id = _best_allowed(order, masked) if num_out < min_tokens else order[0]
+            yield token_id
+            state.push(token_id)
+            num_out += 1
+
+    return tokens()
+
+
+def _check_counts(num_tokens: int, min_tokens: int) -> None:
+    if num_tokens < 0 or min_tokens < 0:
+        raise ScriptError(f"max_new_tokens ({num_tokens}) and min_tokens must be >= 0")
+
+
+def greedy_outputs(
+    prompt_ids: Sequence[int],
+    num_tokens: int,
+    min_tokens: int = 0,
+    masked: Iterable[int] = (),
+) -> list[int]:
+    """The scripted model's greedy token at each of ``num_tokens`` output positions, never
+    stopping: while fewer than ``min_tokens`` tokens are out, the ids in ``masked`` are banned
+    and the best remaining ranked token is taken (vLLM's ``MinTokensLogitsProcessor``).
+
+    This is what a scheduler-tier fake runner samples as a request's k-th output token whatever
+    the scheduler does (chunking, preemption and recompute re-read the same tokens); the
+    harness sends it to a worker as ``output_token_ids`` (docs/scheduler-protocol.md)."""
+    _check_counts(num_tokens, min_tokens)
+    return list(itertools.islice(_greedy(prompt_ids, min_tokens, set(masked)), num_tokens))
+
+
 def expected(
     prompt_ids: Sequence[int],
     max_new_tokens: int,
@@ -343,21 +385,15 @@ def expected(
     the stop ids are masked (vLLM's MinTokensLogitsProcessor masks ``all_stop_token_ids``,
     which holds EOS even with ``ignore_eos``), so the best remaining ranked token is taken.
     """
-    if max_new_tokens < 0 or min_tokens < 0:
-        raise ScriptError(f"max_new_tokens ({max_new_tokens}) and min_tokens must be >= 0")
+    _check_counts(max_new_tokens, min_tokens)
     if min_tokens > max_new_tokens:
         raise ScriptError(f"min_tokens ({min_tokens}) must be <= max_new_tokens ({max_new_tokens})")
     stops = set(stop_token_ids)
-    masked = stops | {EOS}
-    state = _state(prompt_ids)
-    if state.last is None:
-        raise ScriptError("the prompt must not be empty")
     output: list[int] = []
-    while len(output) < max_new_tokens:
-        order = state.ranked()
-        token_id = _best_allowed(order, masked) if len(output) < min_tokens else order[0]
+    for token_id in itertools.islice(
+        _greedy(prompt_ids, min_tokens, stops | {EOS}), max_new_tokens
+    ):
         output.append(token_id)
-        state.push(token_id)
         if (token_id == EOS and not ignore_eos) or token_id in stops:
             break
     return output

@@ -12,6 +12,10 @@ re-reading the whole context. ``min_tokens`` is enforced the way ``MinTokensLogi
 (v1/sample/logits_processor/builtin.py:165-260) does it: while fewer than ``min_tokens`` outputs
 exist, every id in ``all_stop_token_ids`` (stop ids plus EOS, even under ``ignore_eos``) is
 banned and the best remaining token of the script's ranking wins.
+
+Scripted outputs (a scheduler-tier worker, docs/scheduler-protocol.md): a request registered
+with ``set_outputs(request_id, output_token_ids)`` samples ``output_token_ids[k]`` as its k-th
+output token instead of asking the script (the list already has min_tokens masking applied).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from contract.protocol import output_token_at
 from contract.scripted.script import ContextState, ScriptState, new_state
 from engine.core.sched.output import SchedulerOutput
 from engine.outputs import ModelRunnerOutput
@@ -38,6 +43,7 @@ class Script(Protocol):
 
 @dataclass
 class _RunnerRequest:
+    request_id: str
     tokens: list[int]  # prompt + outputs known to the runner
     num_prompt_tokens: int
     sampling_params: SamplingParams
@@ -62,6 +68,11 @@ class ScriptedModelRunner:
         self.script = script if script is not None else _default_script()
         self.block_size = block_size
         self.requests: dict[str, _RunnerRequest] = {}
+        self.outputs: dict[str, tuple[int, ...]] = {}  # request id -> scripted output tokens
+
+    def set_outputs(self, request_id: str, output_token_ids: Sequence[int]) -> None:
+        """Sample ``output_token_ids[k]`` as the request's k-th output token."""
+        self.outputs[request_id] = tuple(output_token_ids)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
@@ -87,9 +98,11 @@ class ScriptedModelRunner:
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.outputs.pop(req_id, None)
         for new in scheduler_output.scheduled_new_reqs:
             params = new.sampling_params
             self.requests[new.req_id] = _RunnerRequest(
+                request_id=new.req_id,
                 tokens=list(new.prompt_token_ids),
                 num_prompt_tokens=len(new.prompt_token_ids),
                 sampling_params=params,
@@ -142,8 +155,11 @@ class ScriptedModelRunner:
         return script_state
 
     def _sample(self, state: _RunnerRequest) -> int:
-        script_state = self._script_state(state)
         num_outputs = len(state.tokens) - state.num_prompt_tokens
+        scripted = self.outputs.get(state.request_id)
+        if scripted is not None:
+            return output_token_at(state.request_id, scripted, num_outputs)
+        script_state = self._script_state(state)
         banned = state.banned_under_min_tokens
         if banned and num_outputs < state.sampling_params.min_tokens:
             for token in script_state.ranked():

@@ -309,11 +309,14 @@ def _refused(handle: ServerHandle, spec: ServeRequestSpec, copy_id: str) -> Requ
 # -------------------------------------------------------------------------- scheduler tier
 def _scheduler_leg(repro: Repro, index: int, spec: TargetSpec) -> TargetLeg:
     from parity.runner import run_target
-    from parity.targets import make_target
+    from parity.targets import make_target, shutdown_targets
 
     leg: Leg = repro.legs[index]
     scenario = repro.leg_scenario(index)
     began = time.monotonic()
     target = make_target(spec.spec, "scheduler")
-    run = run_target(scenario, target)  # type: ignore[arg-type]
+    try:
+        run = run_target(scenario, target)  # type: ignore[arg-type]
+    finally:
+        shutdown_targets([target])
     return judge_scheduler(leg, spec.label, run.summary, elapsed_s=time.monotonic() - began)

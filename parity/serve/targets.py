@@ -125,7 +125,7 @@ def lookup(
         return template, version
     named = [n for n, d in targets.items() if d.tier(tier) is not None]
     known = ", ".join(sorted(n.replace("@*", "@VERSION") for n in named))
-    extra = ", external:<command with {port}>" if tier == "serve" else ""
+    extra = ", external:<command with {port}>" if tier == "serve" else ", worker:<command>"
     raise TargetSpecError(f"unknown {tier}-tier target {spec!r} (known: {known}{extra})")
 
 

@@ -3,8 +3,9 @@
 ``make_target("engine", tier="scheduler")`` returns a fresh target. Specs are registry names
 (``engine``, ``oracle``) or ``prefix:argument`` (``engine:/models/scripted``), optionally
 followed by flags the target takes (``engine --divergence abort-unservable``: the target's
-``configure_flags``; split with shlex). Heavy modules are imported only when their target is
-made.
+``configure_flags``; split with shlex). A *command* target takes the whole rest of the spec as
+its argument instead (``worker:python -m engine.core.scheduler_worker``: a protocol worker,
+``parity/targets/worker.py``). Heavy modules are imported only when their target is made.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from parity.targets.base import TIERS, SchedulerTarget, Target
 TargetFactory = Callable[[str], Target]
 
 # Factories registered in code (tests, extensions); the project's targets come after them.
-_FACTORIES: dict[tuple[str, str], TargetFactory | str] = {}
+_FACTORIES: dict[tuple[str, str], TargetFactory | str] = {
+    ("scheduler", "worker"): "parity.targets.worker:worker_target",
+}
+# Targets whose argument is everything after "name:" (a command line), never flags.
+_COMMAND_TARGETS = {("scheduler", "worker")}
 
 
 def register_target(tier: str, name: str, factory: TargetFactory | str) -> None:
@@ -53,6 +58,8 @@ def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Targ
         raise TargetSpecError(f"unknown tier {tier!r} (choose from {', '.join(TIERS)})")
     head, _, rest = spec.strip().partition(" ")
     name, _, argument = head.partition(":")
+    if (tier, name) in _COMMAND_TARGETS:
+        argument, rest = spec.strip()[len(name) + 1 :], ""
     try:
         flags = shlex.split(rest)
     except ValueError as e:
@@ -100,7 +107,19 @@ def _worker(
         env[key] = expand(value, values, env).strip(os.pathsep)
     argv = [expand(word, values, env) for word in scheduler.command]
     cwd = str(project.root / scheduler.cwd) if scheduler.cwd else str(project.root)
-    return WorkerTarget(name, argv, env=env, cwd=cwd)
+    timeout = scheduler.startup_timeout_s
+    return WorkerTarget(
+        name, argv, env=env, cwd=cwd, **({"start_timeout_s": timeout} if timeout else {})
+    )
+
+
+def shutdown_targets(targets: list[Target] | tuple[Target, ...]) -> None:
+    """End the processes of targets that own one (a protocol worker's ``shutdown``); the
+    others have nothing to end after ``close``."""
+    for target in targets:
+        shutdown = getattr(target, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
 
 __all__ = [
@@ -110,4 +129,5 @@ __all__ = [
     "available_targets",
     "make_target",
     "register_target",
+    "shutdown_targets",
 ]

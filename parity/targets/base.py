@@ -15,12 +15,27 @@ Two tiers share the base protocol:
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from contract.protocol import ENGINE_ARGS
 from contract.trace import StepTrace
 from parity.scenario import ConfigSpec, RequestSpec
 
 TIERS = ("scheduler", "serve")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = PROJECT_ROOT / ".cache" / "models" / "scripted"
+
+
+def engine_args(config: ConfigSpec, model_dir: str | Path | None = None) -> dict[str, Any]:
+    """A scenario's config as the scheduler tier's engine args (``contract.protocol``'s keys):
+    ``model`` the absolute model folder (the config's, else ``model_dir``, else the scripted
+    model), ``max_model_len`` auto as -1."""
+    values: dict[str, Any] = {key: getattr(config, key) for key in ENGINE_ARGS}
+    if values["max_model_len"] == "auto":
+        values["max_model_len"] = -1
+    values["model"] = str(Path(config.model or model_dir or DEFAULT_MODEL).resolve())
+    return values
 
 
 @runtime_checkable

@@ -46,3 +46,31 @@ def oracle_target(scripted_model_dir: Path) -> Iterator[Any]:
     target = make_target(f"oracle:{scripted_model_dir}")
     yield target
     target.close()
+
+
+def _worker(name: str, module: str, model_dir: Path) -> Any:
+    import sys
+
+    from parity_helpers import ROOT
+
+    from parity.targets.worker import WorkerTarget
+
+    argv = [sys.executable, "-m", module]
+    return WorkerTarget(name, argv, cwd=ROOT, model_dir=model_dir, start_timeout_s=600)
+
+
+@pytest.fixture(scope="session")
+def engine_worker(scripted_model_dir: Path) -> Iterator[Any]:
+    """Our engine behind the worker protocol (``python -m engine.core.scheduler_worker``)."""
+    target = _worker("engine-worker", "engine.core.scheduler_worker", scripted_model_dir)
+    yield target
+    target.shutdown()
+
+
+@pytest.fixture(scope="session")
+def oracle_worker(scripted_model_dir: Path) -> Iterator[Any]:
+    """The pinned upstream scheduler behind the worker protocol (one vllm import, in the
+    worker process, per test session)."""
+    target = _worker("oracle-worker", "oracle.scheduler_worker", scripted_model_dir)
+    yield target
+    target.shutdown()

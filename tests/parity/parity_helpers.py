@@ -60,6 +60,13 @@ def make_trace(step: int, **fields: Any) -> StepTrace:
     return StepTrace(**values)
 
 
+def verdict(result: Any) -> tuple[Any, ...]:
+    """What a scenario's verdict is made of: status, verdict text, and every divergence's step,
+    path and values (to compare two runs of one scenario, e.g. in-process vs a worker)."""
+    paths = tuple((d.step, d.path, str(d.left), str(d.right)) for d in result.divergences)
+    return result.status, result.verdict, paths
+
+
 def run_process(argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
     """Run ``argv`` in its own process group from the repo root; always reaped (TERM, KILL)."""
     process = subprocess.Popen(

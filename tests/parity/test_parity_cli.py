@@ -95,7 +95,7 @@ def test_keyword_selection_and_expect_failure_exit_1(
 def test_unknown_target_and_empty_selection_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(SCENARIOS), "--target", "nope"]) == EXIT_BAD_INPUT
     assert (
-        "unknown scheduler-tier target 'nope' (known: engine, oracle, oracle@VERSION)"
+        "unknown scheduler-tier target 'nope' (known: engine, oracle, oracle@VERSION, worker:<command>)"
         in capsys.readouterr().err
     )
     assert main(["run", str(SCENARIOS), "--tier", "serve"]) == EXIT_BAD_INPUT
