@@ -123,7 +123,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from parity.format import format_details, format_notes, format_run_table, format_summary
     from parity.ledger import classify, format_causes, format_findings
     from parity.results import RunReport
-    from parity.serve.suite import run_serve_scenarios, startup_failed
+    from parity.serve.suite import ServeSession, startup_failed
     from parity.serve.targets import parse_target
     from parity.targets import make_target
 
@@ -153,12 +153,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     results = []
     total = len(scheduler) + len(serve) * len(specs)
     traces: dict[str, tuple] = {}  # scheduler tier: scenario id -> TargetRuns (step charts)
-    with _progress(total, enabled=not args.no_progress) as mark:
-        results += _run_scheduler(scheduler, targets, mark, traces, project)
-        if serve:
-            results += run_serve_scenarios(
-                serve, specs, log_dir=args.log_dir, on_event=mark, project=project
-            )
+    session = ServeSession(serve, specs, log_dir=args.log_dir, project=project) if serve else None
+    try:
+        if session is not None:
+            session.begin()  # the first servers start while the scheduler tier runs
+        with _progress(total, enabled=not args.no_progress) as mark:
+            results += _run_scheduler(scheduler, targets, mark, traces, project)
+            if session is not None:
+                results += session.run(mark)
+    finally:
+        if session is not None:
+            session.close()
     elapsed = time.perf_counter() - began
     ledger_report = classify(results, ledger, {s.id: s for s in scenarios})
     color = sys.stdout.isatty()

@@ -1,5 +1,9 @@
 """Start each distinct serve-tier server once per run, reuse it, and reap it with a record.
 
+``prestart(target, config)`` starts a server in the background (at most
+``max_parallel_starts``, the CPU count, at once; never a second copy of a key), and the next
+``get`` for it adopts it, waiting for the start within its bound.
+
 ``ServerPool.get(target, config)`` starts ``target`` with ``config`` the first time that
 (target, flags) pair is asked for and returns the same ``ServerHandle`` afterwards; a refusal or
 a startup timeout is cached too (the same config is not retried every scenario). A server that
@@ -21,7 +25,10 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +63,15 @@ PORT_ATTEMPTS = 3
 LOG_TAIL_BYTES = 8000
 GROUP_EXIT_WAIT_S = 10.0
 PORT_TAKEN = "answered /health from another process group"
+PENDING_SLACK_S = 30.0  # beyond a start's own bound: its probe and bookkeeping
+
+
+def _result(future: Future[ServerHandle], timeout: float) -> ServerHandle:
+    """A background start's handle (its exception re-raised: a harness bug), bounded."""
+    try:
+        return future.result(timeout=timeout)
+    except FuturesTimeout:
+        raise TimeoutError(f"a server start did not end within {timeout:g} s") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +178,11 @@ class ServerPool:
         self._count = 0
         self._probed: dict[str, dict[str, bool]] = {}  # target label -> probed capabilities
         self.closed = False
+        # servers being started ahead of need (``prestart``), by key; one copy per key ever
+        self._pending: dict[tuple[str, tuple[str, ...]], Future[ServerHandle]] = {}
+        self._lock = threading.RLock()
+        self._executor: ThreadPoolExecutor | None = None
+        self.max_parallel_starts = max(1, os.cpu_count() or 1)
 
     def __enter__(self) -> ServerPool:
         return self
@@ -187,19 +208,67 @@ class ServerPool:
             raise RuntimeError("ServerPool is closed")
         spec = parse_target(target) if isinstance(target, str) else target
         key = self.key(spec, config)
+        timeout = spec.serve.startup_timeout_s or startup_timeout_s
+        with self._lock:
+            pending = self._pending.pop(key, None)
+        if pending is not None:  # started ahead of need: wait for it (bounded like a start)
+            self._adopt(key, _result(pending, timeout + PENDING_SLACK_S))
         handle = self._handles.get(key)
         if handle is not None and not fresh and (not handle.startup.started or handle.alive()):
             return handle
         if handle is not None:  # it died since it started (or must be fresh): a new one
             handle.stop(grace_s=0.5 if not fresh else self.grace_s)
             self.retired.append(handle)
-        handle = self._start(spec, config, spec.serve.startup_timeout_s or startup_timeout_s)
+        handle = self._start_probed(spec, config, timeout)
+        self._adopt(key, handle)
+        return handle
+
+    def prestart(
+        self,
+        target: TargetSpec,
+        config: ServerConfig,
+        *,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> None:
+        """Start (target, config) in the background so a later ``get`` finds it ready; a
+        no-op when that server is up or already starting (never two copies of a config).
+        At most ``max_parallel_starts`` starts run at once."""
+        key = self.key(target, config)
+        timeout = target.serve.startup_timeout_s or startup_timeout_s
+        with self._lock:
+            if self.closed or key in self._pending:
+                return
+            known = self._handles.get(key)
+            if known is not None and (not known.startup.started or known.alive()):
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.max_parallel_starts, thread_name_prefix="parity-prestart"
+                )
+            self._pending[key] = self._executor.submit(self._start_probed, target, config, timeout)
+
+    def starting(self) -> int:
+        """How many servers are being started ahead of need."""
+        with self._lock:
+            return sum(not f.done() for f in self._pending.values())
+
+    def _start_probed(self, spec: TargetSpec, config: ServerConfig, timeout: float) -> ServerHandle:
+        handle = self._start(spec, config, timeout)
         if handle.startup.started:
             from parity.serve.probe import capabilities
 
-            handle.capabilities = capabilities(handle, self._probed)
-        self._handles[key] = handle
+            with self._lock:
+                probed = self._probed
+            handle.capabilities = capabilities(handle, probed)
         return handle
+
+    def _adopt(self, key: tuple[str, tuple[str, ...]], handle: ServerHandle) -> None:
+        with self._lock:
+            old = self._handles.get(key)
+            if old is not None and old is not handle:
+                old.stop(grace_s=0.5)
+                self.retired.append(old)
+            self._handles[key] = handle
 
     @staticmethod
     def key(spec: TargetSpec, config: ServerConfig) -> tuple[str, tuple[str, ...]]:
@@ -211,7 +280,21 @@ class ServerPool:
         return handle.stop(self.grace_s if grace_s is None else grace_s)
 
     def close(self) -> list[tuple[str, StopRecord]]:
-        """Stop every server; return (label, stop record) pairs. Removes an own temp log dir."""
+        """Stop every server (those still starting ahead of need too, once their start ends:
+        bounded by their startup timeout); return (label, stop record) pairs. Removes an own
+        temp log dir."""
+        with self._lock:
+            self.closed = True
+            pending, self._pending = list(self._pending.items()), {}
+        for key, future in pending:
+            future.cancel()
+            if not future.cancelled():
+                try:
+                    self._adopt(key, _result(future, DEFAULT_STARTUP_TIMEOUT_S + PENDING_SLACK_S))
+                except TimeoutError:
+                    pass
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         records: list[tuple[str, StopRecord]] = []
         for handle in self.handles:
             record = handle.stop(self.grace_s)
@@ -237,8 +320,10 @@ class ServerPool:
     ) -> ServerHandle:
         port = free_port()
         argv = server_argv(spec, config, port)
-        self._count += 1
-        log = self.log_dir / f"{self._count:02d}-{_slug(spec.label)}.log"
+        with self._lock:
+            self._count += 1
+            count = self._count
+        log = self.log_dir / f"{count:02d}-{_slug(spec.label)}.log"
         began = time.monotonic()
         process = ManagedProcess(argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec))
         record = dict(

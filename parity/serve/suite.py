@@ -122,26 +122,91 @@ def run_serve_scenarios(
 
     ``pool``: reuse a caller's pool (its servers are still stopped after each group); else a
     pool is made here (logs in ``log_dir``, or a temporary folder) and closed at the end."""
-    specs = parse_targets(targets, project)  # TargetSpecError before anything starts
-    plans = [ServePlan.of(s, project) for s in scenarios]
-    own = pool is None
-    active = pool if pool is not None else ServerPool(log_dir)
-    hook = on_event or (lambda _s, _t, _p: None)
-    results: dict[str, ScenarioResult] = {}
+    session = ServeSession(scenarios, targets, pool=pool, log_dir=log_dir, project=project)
     try:
-        for group in group_plans(plans):
-            first = _run_group(active, specs, group, hook)
+        return session.run(on_event)
+    finally:
+        session.close()
+
+
+class ServeSession:
+    """The serve tier of one run: every server it needs is known up front (one per target and
+    server config, in run order), so the next ones start while the current config's scenarios
+    run (``ServerPool.prestart``: at most as many starts at once as the machine has CPUs, and
+    only while there is memory for another server). ``begin`` starts the first ones early,
+    e.g. while the scheduler tier runs."""
+
+    def __init__(
+        self,
+        scenarios: Sequence[Scenario],
+        targets: Sequence[str],
+        *,
+        pool: ServerPool | None = None,
+        log_dir: str | Path | None = None,
+        project: Any = None,
+    ) -> None:
+        self.specs = parse_targets(targets, project)  # TargetSpecError before anything starts
+        self.plans = [ServePlan.of(s, project) for s in scenarios]
+        self.groups = group_plans(self.plans)
+        self._own = pool is None
+        self.pool = pool if pool is not None else ServerPool(log_dir)
+        # the servers of the run, in the order they are needed (a key the target cannot
+        # spell starts nothing)
+        self.jobs = [
+            (spec, group)
+            for group in self.groups
+            for spec in self.specs
+            if any(unsupported_reason(spec, plan.config) is None for plan in group)
+        ]
+        self._done = 0
+
+    def begin(self) -> None:
+        """Start the first servers of the run in the background."""
+        self._prestart()
+
+    def run(self, on_event: EventHook | None = None) -> list[ScenarioResult]:
+        hook = on_event or (lambda _s, _t, _p: None)
+        results: dict[str, ScenarioResult] = {}
+        for group in self.groups:
+            first = _run_group(self.pool, self.specs, group, hook, after_start=self._advance)
             results.update(first)
             suspects = [p for p in group if suspect(first[p.scenario.id])]
             if suspects:  # once more, on freshly started servers (stopped after the group)
-                again = _run_group(active, specs, suspects, hook, rerun=True)
+                again = _run_group(self.pool, self.specs, suspects, hook, rerun=True)
                 for plan in suspects:
                     sid = plan.scenario.id
                     results[sid] = confirmed(first[sid], again[sid])
-    finally:
-        if own:
-            active.close()
-    return [results[p.scenario.id] for p in plans]
+        return [results[p.scenario.id] for p in self.plans]
+
+    def close(self) -> None:
+        if self._own:
+            self.pool.close()
+
+    def _advance(self, spec: TargetSpec, group: Sequence[ServePlan]) -> None:
+        """The server of (spec, group) is up: start the next ones ahead of need."""
+        for index in range(self._done, len(self.jobs)):
+            if self.jobs[index][0] is spec and self.jobs[index][1] is group:
+                self._done = index + 1
+                break
+        self._prestart()
+
+    def _prestart(self) -> None:
+        ahead = self.pool.max_parallel_starts
+        for spec, group in self.jobs[self._done : self._done + ahead]:
+            if not room_for_a_server():
+                return
+            timeout = max(plan.limits.startup_timeout_s for plan in group)
+            self.pool.prestart(spec, group[0].config, startup_timeout_s=timeout)
+
+
+SERVER_MEMORY_BYTES = 4 * 1024**3  # an oracle server holds ~3 GiB across its processes
+
+
+def room_for_a_server() -> bool:
+    """Enough memory is available for one more server (with a margin)."""
+    import psutil
+
+    return psutil.virtual_memory().available > 2 * SERVER_MEMORY_BYTES
 
 
 def _run_group(
@@ -151,9 +216,11 @@ def _run_group(
     hook: EventHook,
     *,
     rerun: bool = False,
+    after_start: Callable[[TargetSpec, Sequence[ServePlan]], None] | None = None,
 ) -> dict[str, ScenarioResult]:
     """Every plan of one server config on every target (each target's server started once,
-    stopped at the end), judged."""
+    stopped at the end), judged; ``after_start(spec, group)`` once each target's server is
+    up (the session then starts the next ones)."""
     runs: dict[str, list[ServeRun]] = {p.scenario.id: [] for p in group}
     elapsed: dict[str, float] = {p.scenario.id: 0.0 for p in group}
     timeout = max(plan.limits.startup_timeout_s for plan in group)
@@ -165,6 +232,8 @@ def _run_group(
             hook(scenario_id, spec.label, phase)
             began = time.perf_counter()
             run = run_plan(pool, spec, plan, startup_timeout_s=timeout, fresh=rerun and not started)
+            if not started and after_start is not None:
+                after_start(spec, group)
             started = started or run.unsupported is None
             runs[scenario_id].append(run)
             elapsed[scenario_id] += time.perf_counter() - began

@@ -1,0 +1,65 @@
+"""Servers ready before they are needed: ``ServerPool.prestart`` starts a server in the
+background, a later ``get`` adopts it, and there is never more than one copy of a config;
+``ServeSession`` knows every server of a run up front, in the order it needs them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from serve_support import fake_target
+
+from parity.loader import parse_scenario
+from parity.serve.pool import ServerPool
+from parity.serve.spec import ServerConfig
+from parity.serve.suite import ServeSession
+from parity.serve.targets import parse_target
+
+pytestmark = pytest.mark.server
+
+
+def _scenario(stem: str, block_size: int):
+    text = (
+        f"id: {stem}\ndescription: d\ntier: serve\nconfig: {{block_size: {block_size}}}\n"
+        "requests:\n  - {id: r1, endpoint: completions, prompt: ok, max_tokens: 5}\n"
+    )
+    return parse_scenario(text, f"{stem}.yaml", stem=stem)
+
+
+@pytest.mark.timeout(120)
+def test_a_prestarted_server_is_adopted_and_started_once(tmp_path: Path) -> None:
+    target = parse_target(fake_target())
+    config = ServerConfig(model=str(tmp_path / "m"), engine_args={"block_size": 32})
+    with ServerPool(tmp_path / "logs") as pool:
+        pool.prestart(target, config, startup_timeout_s=30)
+        pool.prestart(target, config, startup_timeout_s=30)  # already starting: a no-op
+        deadline = time.monotonic() + 30
+        while pool.starting() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        handle = pool.get(target, config, startup_timeout_s=30)
+        assert handle.startup.started and handle.alive()
+        assert pool.get(target, config) is handle
+        pool.prestart(target, config)  # up already: a no-op
+        assert pool.starting() == 0 and len(pool.handles) == 1
+        assert len(list((tmp_path / "logs").glob("*.log"))) == 1  # one process ever
+    assert not handle.alive()
+
+
+@pytest.mark.timeout(180)
+def test_a_session_knows_its_servers_up_front_and_starts_the_first_early(tmp_path: Path) -> None:
+    scenarios = [_scenario("a", 32), _scenario("b", 64), _scenario("c", 32)]
+    targets = [fake_target(), fake_target()]
+    with ServerPool(tmp_path / "logs") as pool:
+        session = ServeSession(scenarios, targets, pool=pool)
+        order = [
+            (spec.label, group[0].config.engine_args["block_size"]) for spec, group in session.jobs
+        ]
+        first, second = (t.label for t in session.specs)
+        assert order == [(first, 32), (second, 32), (first, 64), (second, 64)]
+        session.begin()
+        assert pool.starting() >= 1  # started in the background, nothing waited for
+        results = session.run()
+        assert [r.status.value for r in results] == ["pass"] * 3
+        # one start per (target, config): the prestarted ones were adopted, not duplicated
+        assert len(list((tmp_path / "logs").glob("*.log"))) == 4
