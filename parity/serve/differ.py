@@ -34,6 +34,13 @@ path that ``parity.signatures`` understands:
   (``exited`` / ``survived`` / ``gone``; ``ServeRun.sigterm``, set by a repro's ``sigterm``
   leg), when both sides were sent one.
 
+How two values are compared, and the kind a difference gets, is one table, ``RULES``: a path
+family (``requests.<id>.`` dropped, so ``requests.usage`` is every request's usage; the longest
+family a path starts with wins) -> ``Rule(kind, how, limit)``, where ``how`` is ``exact``,
+``tolerance`` (``abs(left - right)`` beyond ``limits.<limit>``, 0 without one; not compared
+when that limit is unset or a side has no value) or ``presence`` (compared only when both
+sides have a value). The functions below only extract what to compare, in report order.
+
 Normalised away (they must not count): ids, ``created``, ``system_fingerprint``, the token-id
 keys when only one side was asked for them (the harness asks only targets that accept
 ``return_token_ids``), ``null`` versus
@@ -57,8 +64,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from parity.results import Divergence
 from parity.scenario import Scenario
@@ -100,6 +108,42 @@ THINK_START = "<think>"
 ABSENT = "<absent>"
 
 
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How the values at a path family are compared, and the ``Divergence.kind`` of a
+    difference; ``limit`` names the ``limits`` key that gives a tolerance its slack."""
+
+    kind: str
+    how: Literal["exact", "tolerance", "presence"] = "exact"
+    limit: str | None = None
+
+
+# path family -> rule; requests.<id>.<field> is looked up as requests.<field>
+RULES: dict[str, Rule] = {
+    "startup": Rule("startup"),  # startup, startup.outcome, .error_type, .numbers.<name>
+    "facts": Rule("models"),  # /v1/models
+    "requests.outcome": Rule("outcome"),
+    "requests": Rule("response"),  # status, error.*, headers.*, result fields, choices, usage
+    "requests.logprobs": Rule("response", "tolerance", "logprob_tolerance"),  # diff_logprobs
+    "requests.done": Rule("frames"),
+    "requests.frames": Rule("frames"),  # the kind sequence, and frames.<keys> (key_shape)
+    "requests.t_first_token_ms": Rule("timing", "tolerance", "latency_tolerance_ms"),
+    "requests.t_end_ms": Rule("timing", "tolerance", "latency_tolerance_ms"),
+    "metrics_after": Rule("metrics", "tolerance"),  # deltas; a sample absent on a side is 0
+    f"metrics_after.{PREEMPTIONS}": Rule("metrics", "tolerance", "preemptions_tolerance"),
+    "health": Rule("health"),
+    "shutdown": Rule("shutdown", "presence"),  # only when both sides were sent SIGTERM
+}
+_FAMILIES = sorted(RULES, key=len, reverse=True)  # the longest family a path starts with wins
+
+
+def rule_for(path: str) -> Rule:
+    """The rule of a divergence path (``requests.<id>.`` looked up as ``requests.``)."""
+    head, _, rest = path.partition(".")
+    key = f"requests.{rest.partition('.')[2]}" if head == "requests" else path
+    return RULES[next(family for family in _FAMILIES if key.startswith(family))]
+
+
 class _Out:
     """Collects the divergences of one pair of runs, with scenario locations."""
 
@@ -109,9 +153,35 @@ class _Out:
         self.right_target = right.target
         self.found: list[Divergence] = []
 
-    def add(
-        self, kind: str, path: str, left: Any, right: Any, *, spec_id: str | None = None
+    def slack(self, rule: Rule) -> float | None:
+        """A tolerance rule's allowed difference (None: not compared)."""
+        return getattr(self.scenario.limits, rule.limit) if rule.limit else 0
+
+    def compare(
+        self,
+        path: str,
+        left: Any,
+        right: Any,
+        *,
+        spec_id: str | None = None,
+        shown: tuple[Any, Any] | None = None,
     ) -> None:
+        """Add a divergence at ``path`` when its rule says the values differ (reported as
+        ``shown`` when given, e.g. ``<absent>`` for a missing key)."""
+        rule = rule_for(path)
+        if rule.how != "exact" and (left is None or right is None):
+            return
+        if rule.how == "tolerance":
+            slack = self.slack(rule)
+            if slack is None or not abs(left - right) > slack:  # NaN: never beyond
+                return
+        elif left == right:
+            return
+        self.add(path, *(shown or (left, right)), spec_id=spec_id)
+
+    def add(self, path: str, left: Any, right: Any, *, spec_id: str | None = None) -> None:
+        """Add a divergence already decided (its kind from ``RULES``)."""
+        kind = rule_for(path).kind
         if spec_id is not None:
             location = self.scenario.request_location(spec_id)
         elif path.startswith("startup"):
@@ -137,18 +207,16 @@ def diff_serve_runs(scenario: Scenario, left: ServeRun, right: ServeRun) -> tupl
     out = _Out(scenario, left, right)
     if not _diff_startup(out, left.startup, right.startup):
         return tuple(out.found)
-    a, b = left.facts, right.facts
     named = all("served_model_name" in run.startup.took for run in (left, right))
     for name in ("max_model_len", "model_id") if named else ("max_model_len",):
-        x, y = getattr(a, name, None), getattr(b, name, None)
-        if x != y:
-            out.add("models", f"facts.{name}", x, y)
+        out.compare(
+            f"facts.{name}", getattr(left.facts, name, None), getattr(right.facts, name, None)
+        )
     for rid, x_obs, y_obs in _pairs(left.observations, right.observations):
         _diff_request(out, scenario, rid, x_obs, y_obs)
-    _diff_metrics(out, scenario, left, right)
+    _diff_metrics(out, left, right)
     _diff_health(out, left, right)
-    if None not in (left.sigterm, right.sigterm) and left.sigterm != right.sigterm:
-        out.add("shutdown", "shutdown.sigterm", left.sigterm, right.sigterm)
+    out.compare("shutdown.sigterm", left.sigterm, right.sigterm)
     return tuple(out.found)
 
 
@@ -164,17 +232,13 @@ def startup_value(record: StartupRecord) -> str:
 def _diff_startup(out: _Out, a: StartupRecord, b: StartupRecord) -> bool:
     """Compare startups; True when both started (the rest is comparable)."""
     if a.started != b.started:
-        out.add("startup", "startup", startup_value(a), startup_value(b))
+        out.compare("startup", startup_value(a), startup_value(b))
         return False
     if not a.started:
-        if a.outcome != b.outcome:
-            out.add("startup", "startup.outcome", a.outcome, b.outcome)
-        x, y = _error_type(a.error), _error_type(b.error)
-        if x != y:
-            out.add("startup", "startup.error_type", x, y)
+        out.compare("startup.outcome", a.outcome, b.outcome)
+        out.compare("startup.error_type", _error_type(a.error), _error_type(b.error))
     for key in STARTUP_NUMBERS:
-        if a.numbers.get(key) != b.numbers.get(key):
-            out.add("startup", f"startup.numbers.{key}", a.numbers.get(key), b.numbers.get(key))
+        out.compare(f"startup.numbers.{key}", a.numbers.get(key), b.numbers.get(key))
     return a.started
 
 
@@ -205,48 +269,49 @@ def _diff_request(
     spec_id = (a or b).spec_id  # type: ignore[union-attr]
     p = f"requests.{rid}"
 
-    def add(kind: str, suffix: str, x: Any, y: Any) -> None:
-        out.add(kind, f"{p}.{suffix}", x, y, spec_id=spec_id)
+    def compare(suffix: str, x: Any, y: Any, shown: tuple[Any, Any] | None = None) -> None:
+        out.compare(f"{p}.{suffix}", x, y, spec_id=spec_id, shown=shown)
 
     if a is None or b is None:
-        add("outcome", "outcome", a.outcome if a else None, b.outcome if b else None)
+        compare("outcome", a.outcome if a else None, b.outcome if b else None)
         return
-    if a.outcome != b.outcome:
-        add("outcome", "outcome", a.outcome, b.outcome)
+    compare("outcome", a.outcome, b.outcome)
+    if a.outcome != b.outcome:  # the rest is a consequence, but for an HTTP error's answer
         if "http_error" in (a.outcome, b.outcome):
-            if a.status != b.status:
-                add("response", "status", a.status, b.status)
-            _diff_error(add, a, b)
+            compare("status", a.status, b.status)
+            _diff_error(compare, a, b)
         return
-    if a.status != b.status:
-        add("response", "status", a.status, b.status)
-    _diff_error(add, a, b)
-    x_type, y_type = a.headers.get("content-type"), b.headers.get("content-type")
-    if x_type != y_type:
-        add("response", "headers.content-type", x_type, y_type)
+    compare("status", a.status, b.status)
+    _diff_error(compare, a, b)
+    compare("headers.content-type", a.headers.get("content-type"), b.headers.get("content-type"))
     markers = scenario.config.reasoning_parser is not None
     derived = _derived(a) or _derived(b)
     asked = _asked_ids(a) and _asked_ids(b)
     for name in RESULT_FIELDS:
         if name == "prompt_token_ids" and not asked:
-            continue  # only a target that returns token ids sends them
-        x, y = _field(a, name, markers, derived=derived), _field(b, name, markers, derived=derived)
-        if x != y:
-            add("response", name, x, y)
-    _diff_choices(add, a, b, markers, derived)
+            continue  # only a target asked for token ids sends them
+        compare(
+            name,
+            _field(a, name, markers, derived=derived),
+            _field(b, name, markers, derived=derived),
+        )
+    _diff_choices(compare, a, b, markers, derived)
     x_usage, y_usage = _flat(a.result.usage or {}), _flat(b.result.usage or {})
     for key in _union(x_usage, y_usage):
-        if x_usage.get(key) != y_usage.get(key):
-            add("response", f"usage.{key}", x_usage.get(key, ABSENT), y_usage.get(key, ABSENT))
-    tolerance = scenario.limits.logprob_tolerance
+        shown = (x_usage.get(key, ABSENT), y_usage.get(key, ABSENT))
+        compare(f"usage.{key}", x_usage.get(key), y_usage.get(key), shown)
+    tolerance = out.slack(RULES["requests.logprobs"]) or 0.0
     for suffix, x, y in diff_logprobs(logprobs_of(a), logprobs_of(b), tolerance):
-        add("response", "logprobs" + ("" if suffix.startswith("[") else ".") + suffix, x, y)
+        out.add(
+            f"{p}.logprobs{'' if suffix.startswith('[') else '.'}{suffix}", x, y, spec_id=spec_id
+        )
     ignored = IGNORED_KEYS if asked or not (_asked_ids(a) or _asked_ids(b)) else HARNESS_KEYS
     if a.stream or b.stream:
-        _diff_stream(add, a, b, ignored)
+        _diff_stream(compare, a, b, ignored)
     else:
-        _diff_shape(add, "body", _body_json(a), _body_json(b), ignored=ignored)
-    _diff_timing(add, scenario, a, b)
+        _diff_shape(compare, "body", _body_json(a), _body_json(b), ignored=ignored)
+    for name in ("t_first_token_ms", "t_end_ms"):
+        compare(name, getattr(a, name), getattr(b, name))
 
 
 def _derived(observation: RequestObservation) -> bool:
@@ -279,8 +344,11 @@ def _field(
     return value
 
 
+Compare = Callable[..., None]  # compare(suffix, left, right[, shown]) for one request
+
+
 def _diff_choices(
-    add: Any, a: RequestObservation, b: RequestObservation, markers: bool, derived: bool
+    compare: Compare, a: RequestObservation, b: RequestObservation, markers: bool, derived: bool
 ) -> None:
     """The choices after the first (n > 1), matched by index."""
     x = {c.index: c for c in a.result.other_choices}
@@ -289,32 +357,28 @@ def _diff_choices(
         for name in CHOICE_FIELDS:
             left = _field(a, name, markers, x[index], derived=derived) if index in x else None
             right = _field(b, name, markers, y[index], derived=derived) if index in y else None
-            if left != right:
-                add("response", f"choices[{index}].{name}", left, right)
+            compare(f"choices[{index}].{name}", left, right)
 
 
-def _diff_error(add: Any, a: RequestObservation, b: RequestObservation) -> None:
+def _diff_error(compare: Compare, a: RequestObservation, b: RequestObservation) -> None:
     x, y = a.result.error or {}, b.result.error or {}
     if not x and not y:
         return
     if bool(x) != bool(y):
-        add("response", "error", x or None, y or None)
+        compare("error", x or None, y or None)
         return
     for key in _union({k: 1 for k in ERROR_KEYS if k in x}, {k: 1 for k in ERROR_KEYS if k in y}):
-        if x.get(key) != y.get(key):
-            add("response", f"error.{key}", x.get(key, ABSENT), y.get(key, ABSENT))
+        # null and absent are the same; an absent one is shown as <absent>
+        compare(f"error.{key}", x.get(key), y.get(key), (x.get(key, ABSENT), y.get(key, ABSENT)))
 
 
 def _diff_stream(
-    add: Any, a: RequestObservation, b: RequestObservation, ignored: frozenset[str]
+    compare: Compare, a: RequestObservation, b: RequestObservation, ignored: frozenset[str]
 ) -> None:
-    if a.done != b.done:
-        add("frames", "done", a.done, b.done)
-    x, y = frame_kinds(a), frame_kinds(b)
-    if x != y:
-        add("frames", "frames", list(x), list(y))
+    compare("done", a.done, b.done)
+    compare("frames", list(frame_kinds(a)), list(frame_kinds(b)))
     _diff_shape(
-        add,
+        compare,
         "frames",
         _frame_payloads(a),
         _frame_payloads(b),
@@ -402,7 +466,7 @@ def _body_json(observation: RequestObservation) -> Any:
 
 
 def _diff_shape(
-    add: Any,
+    compare: Compare,
     prefix: str,
     x: Any,
     y: Any,
@@ -413,9 +477,7 @@ def _diff_shape(
     """Keys present on one side only, and values of uncovered scalar fields that differ."""
     xs, ys = key_shape(x, values, ignored), key_shape(y, values, ignored)
     for key in _union(xs, ys):
-        if xs.get(key) != ys.get(key):
-            add("response" if prefix == "body" else "frames", f"{prefix}.{key}",
-                xs.get(key, ABSENT), ys.get(key, ABSENT))  # fmt: skip
+        compare(f"{prefix}.{key}", xs.get(key, ABSENT), ys.get(key, ABSENT))
 
 
 def key_shape(
@@ -546,19 +608,7 @@ def _close(a: Any, b: Any, tolerance: float) -> bool:
     return bool(a == b)
 
 
-# -- timing, metrics, health --------------------------------------------------------------
-def _diff_timing(
-    add: Any, scenario: Scenario, a: RequestObservation, b: RequestObservation
-) -> None:
-    tolerance = scenario.limits.latency_tolerance_ms
-    if tolerance is None:
-        return
-    for name in ("t_first_token_ms", "t_end_ms"):
-        x, y = getattr(a, name), getattr(b, name)
-        if x is not None and y is not None and abs(x - y) > tolerance:
-            add("timing", name, x, y)
-
-
+# -- metrics, health ----------------------------------------------------------------------
 def metric_deltas(run: ServeRun) -> dict[str, float] | None:
     """The change of the compared metrics over the run (None: no snapshots)."""
     before, after = run.metrics_before, run.metrics_after
@@ -572,15 +622,12 @@ def metric_deltas(run: ServeRun) -> dict[str, float] | None:
     return found
 
 
-def _diff_metrics(out: _Out, scenario: Scenario, left: ServeRun, right: ServeRun) -> None:
+def _diff_metrics(out: _Out, left: ServeRun, right: ServeRun) -> None:
     x, y = metric_deltas(left), metric_deltas(right)
     if x is None or y is None:
         return
     for key in _union(x, y):
-        a, b = x.get(key, 0), y.get(key, 0)
-        slack = scenario.limits.preemptions_tolerance if key.startswith(PREEMPTIONS) else 0
-        if abs(a - b) > slack:
-            out.add("metrics", f"metrics_after.{key}", a, b)
+        out.compare(f"metrics_after.{key}", x.get(key, 0), y.get(key, 0))
 
 
 def _diff_health(out: _Out, left: ServeRun, right: ServeRun) -> None:
@@ -588,11 +635,8 @@ def _diff_health(out: _Out, left: ServeRun, right: ServeRun) -> None:
     # a dead server shows in server_alive_after and the request outcomes)
     x = sorted({h.status for h in left.health if h.status is not None})
     y = sorted({h.status for h in right.health if h.status is not None})
-    if x != y:
-        out.add("health", "health.statuses", x, y)
-    if left.server_alive_after != right.server_alive_after:
-        out.add("health", "health.server_alive_after", left.server_alive_after,
-                right.server_alive_after)  # fmt: skip
+    out.compare("health.statuses", x, y)
+    out.compare("health.server_alive_after", left.server_alive_after, right.server_alive_after)
 
 
 # -- helpers ------------------------------------------------------------------------------
