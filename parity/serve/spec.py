@@ -30,7 +30,7 @@ ENDPOINT_PATHS: dict[str, str] = {
     "chat": "/v1/chat/completions",
 }
 
-DEFAULT_STARTUP_TIMEOUT_S = 240.0
+DEFAULT_STARTUP_TIMEOUT_S = 600.0  # an oracle starts in ~25 s idle, minutes on a busy CI
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_STALL_S = 2.0
 

@@ -254,8 +254,9 @@ SERVED = ("completed", "http_error")
 
 def suspect(result: ScenarioResult) -> list[str]:
     """The one-sided timing differences of a result, which a busy machine can cause: a request
-    that stalled or timed out on one target while the other served it, a ``timing``
-    divergence, or an ``expect: outcome`` a stall or timeout missed. Empty: nothing to
+    that stalled or timed out on one target while the other served it, a server that did not
+    answer ``/health`` within its startup bound, a ``timing`` divergence, or an ``expect:
+    outcome`` a stall or timeout missed. Empty: nothing to
     confirm."""
     found: list[str] = []
     for d in result.divergences:
@@ -263,7 +264,10 @@ def suspect(result: ScenarioResult) -> list[str]:
             (d.left in TIMING_OUTCOMES and d.right in SERVED)
             or (d.right in TIMING_OUTCOMES and d.left in SERVED)
         )
-        if one_sided or d.kind == "timing":
+        timed_out = d.path.startswith("startup") and any(
+            isinstance(v, str) and v.startswith("startup_timeout") for v in (d.left, d.right)
+        )
+        if one_sided or timed_out or d.kind == "timing":
             found.append(f"{d.path}: {d.left_target}={d.left} {d.right_target}={d.right}")
     for f in result.expect_failures:
         if f.path.startswith("expect.outcome") and f.actual in TIMING_OUTCOMES:
