@@ -18,8 +18,8 @@ output state: ``engine/entrypoints/output_processor.py``; the checks ``generate`
 
 Not upstream: ``debug_state`` / ``adebug_state``, a scheduler-state dump for wedge diagnosis
 (``engine/core/sched/debug.py``) taken on the engine thread between steps, so it never sees a
-half-updated scheduler. ``divergence`` holds the server's divergence profiles
-(``engine/divergence.py``); the launcher reads it for ``sigterm-ignored-while-wedged``.
+half-updated scheduler. ``deviations`` holds the server's divergence profiles
+(``engine/divergence.py``); the launcher reads its ``sigterm_ignored_while_wedged``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.core.engine_core import StepResult
+from engine.core.sched.scheduler import Scheduler
+from engine.divergence import Deviations
 from engine.entrypoints.input_processor import InputLimits, PromptValidationError
 from engine.entrypoints.output_processor import (
     CompletionOutput,
@@ -77,11 +80,16 @@ class EngineDeadError(RuntimeError):
 class EngineCoreLike(Protocol):
     """What AsyncLLM needs from ``engine/core/engine_core.py``'s ``EngineCore``."""
 
+    scheduler: Scheduler  # read between steps for the state dump
+    step_count: int
+
     def add_request(self, request: Request) -> None: ...
 
-    def abort_requests(self, request_ids: Iterable[str]) -> None: ...
+    def abort_requests(self, request_ids: Iterable[str]) -> Any: ...
 
-    def step(self) -> tuple[Sequence[Any], Any]: ...
+    def step(self) -> StepResult: ...
+
+    def has_requests(self) -> bool: ...
 
     def has_unfinished_requests(self) -> bool: ...
 
@@ -116,19 +124,17 @@ class AsyncLLM:
         tokenizer: Any,
         limits: InputLimits,
         *,
-        num_gpu_blocks: int,
         stat_loggers: Sequence[StatLogger] = (),
         log_requests: bool = False,
-        divergence: Sequence[str] = (),
+        deviations: Deviations | None = None,
     ) -> None:
         """``tokenizer`` is used on the engine thread only (detokenizing, logprob tokens)."""
         self.engine_core = engine_core
         self.tokenizer = tokenizer
         self.limits = limits
-        self.num_gpu_blocks = num_gpu_blocks
         self.stat_loggers = list(stat_loggers)
         self.log_requests = log_requests
-        self.divergence = tuple(divergence)
+        self.deviations = deviations or Deviations()
         self.scheduler_stats = SchedulerStats()
         self._pending_preemptions = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -303,15 +309,14 @@ class AsyncLLM:
 
         for future in waiters:
             try:
-                scheduler = getattr(self.engine_core, "scheduler", None)
                 dump: dict[str, Any] = {
                     "time": time.time(),
-                    "step": getattr(self.engine_core, "step_count", None),
+                    "step": self.engine_core.step_count,
                     "engine_state": self._state.name,
-                    "divergence": list(self.divergence),
+                    "divergence": list(self.deviations.names),
                     "num_outstanding_requests": len(self._states),
                     "external_ids": {rid: s.external_id for rid, s in self._states.items()},
-                    "scheduler": scheduler_state(scheduler) if scheduler is not None else None,
+                    "scheduler": scheduler_state(self.engine_core.scheduler),
                 }
                 future.set_result(dump)
             except Exception as e:  # a dump must never kill the engine thread
@@ -367,7 +372,7 @@ class AsyncLLM:
         ):
             self._stop(delivery)
             return False
-        if self._states or self._core_has_requests():
+        if self._states or self.engine_core.has_requests():
             idle = self._step(delivery)
             if idle:  # nothing schedulable (e.g. a request waiting for KV): don't spin hot
                 with self._cond:
@@ -385,10 +390,6 @@ class AsyncLLM:
             self._add(op, delivery)
         self._abort(None, delivery)
         self._deliver(delivery)
-
-    def _core_has_requests(self) -> bool:
-        has_requests = getattr(self.engine_core, "has_requests", None)
-        return bool(has_requests()) if has_requests is not None else False
 
     def _add(self, op: _AddOp, delivery: Delivery) -> None:
         request = op.request
@@ -434,15 +435,15 @@ class AsyncLLM:
     def _step(self, delivery: Delivery) -> bool:
         """Run one engine step; True when it scheduled nothing."""
         step_start = time.time()
-        outputs, trace = self.engine_core.step()
+        result = self.engine_core.step()
+        outputs = result.outputs
         now = time.time()
         iteration = IterationStats(now)
-        preempted = getattr(trace, "preempted_req_ids", ())
-        self._pending_preemptions += len(preempted)
-        for req_id in preempted:
+        self._pending_preemptions += len(result.preempted_req_ids)
+        for req_id in result.preempted_req_ids:
             if (pre := self._states.get(req_id)) is not None:
                 pre.stats.num_preemptions += 1
-        for req_id in getattr(trace, "scheduled_new_req_ids", ()):
+        for req_id in result.scheduled_new_req_ids:
             if (new := self._states.get(req_id)) is not None and not new.stats.scheduled_ts:
                 new.stats.scheduled_ts = step_start
         reqs_to_abort: list[str] = []
@@ -459,16 +460,14 @@ class AsyncLLM:
                 reqs_to_abort.append(state.request_id)
         if reqs_to_abort:
             self.engine_core.abort_requests(reqs_to_abort)
-        make_stats = getattr(self.engine_core, "make_stats", None)
-        core_stats = make_stats() if make_stats is not None else None
-        self.scheduler_stats.update(core_stats, trace, self.num_gpu_blocks)
+        self.scheduler_stats.update(result.scheduler_stats)
         # Iteration stats only for steps with outputs (async_llm.py:853-855); preemptions
         # happen in steps that may have none, so they are carried to the next one.
         if outputs:
             iteration.num_preempted_reqs, self._pending_preemptions = self._pending_preemptions, 0
         for stat_logger in self.stat_loggers:
             stat_logger.record(self.scheduler_stats, iteration if outputs else None)
-        return not getattr(trace, "num_scheduled_tokens", True)
+        return result.is_idle
 
     def _deliver(self, delivery: Delivery) -> None:
         if not delivery or self._loop is None:

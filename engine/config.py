@@ -14,14 +14,15 @@ batch budget. The pinned CPU build's API server would pick ``block_size=128``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from engine.arg_utils import DEFAULT_MAX_NUM_BATCHED_TOKENS, default_batch_limits
+from engine.divergence import Deviations
+
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-# Default batch budget when max_num_batched_tokens is unset (arg_utils.py:2945-2951).
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 class ConfigError(ValueError):
@@ -64,8 +65,9 @@ class EngineConfig:
     watermark: float = 0.0
     scheduler_reserve_full_isl: bool = True
     seed: int = 0
-    # Deliberate deviations from upstream (engine/divergence.py), e.g. ("abort-unservable",).
-    divergence: tuple[str, ...] = ()
+    # Deliberate deviations from upstream (engine/divergence.py); the scheduler reads
+    # ``abort_unservable``.
+    deviations: Deviations = field(default_factory=Deviations)
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, str | Path):
@@ -109,22 +111,15 @@ class EngineConfig:
             raise ConfigError("watermark", f"must be in [0, 1), got {watermark!r}")
         if not _is_int(self.seed):
             raise ConfigError("seed", f"must be an integer, got {self.seed!r}")
-        self._check_divergence()
+        if not isinstance(self.deviations, Deviations):
+            raise ConfigError(
+                "deviations", f"expected engine.divergence.Deviations, got {self.deviations!r}"
+            )
 
     @staticmethod
     def _check_positive(name: str, value: Any) -> None:
         if not (_is_int(value) and value > 0):
             raise ConfigError(name, f"must be a positive integer, got {value!r}")
-
-    def _check_divergence(self) -> None:
-        from engine.divergence import UnknownDivergenceError, parse_profiles
-
-        if isinstance(self.divergence, str):
-            raise ConfigError("divergence", f"expected a list of names, got {self.divergence!r}")
-        try:
-            self.divergence = parse_profiles(self.divergence)
-        except UnknownDivergenceError as e:
-            raise ConfigError("divergence", str(e)) from None
 
     def _check_max_model_len(self) -> None:
         value = self.max_model_len
@@ -155,12 +150,14 @@ class EngineConfig:
         _args``); checks: config/scheduler.py:314-358 (``verify_max_model_len``).
         """
         self._check_positive("max_model_len", max_model_len)
-        batched = self.max_num_batched_tokens
-        if batched is None:
-            batched = DEFAULT_MAX_NUM_BATCHED_TOKENS
-            if not self.enable_chunked_prefill:
-                batched = max(max_model_len, batched)
-            batched = min(self.max_num_seqs * max_model_len, batched)
+        batched = default_batch_limits(
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            default_max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            default_max_num_seqs=self.max_num_seqs,
+        ).max_num_batched_tokens
         if batched < max_model_len and not self.enable_chunked_prefill:
             raise ConfigError(
                 "max_num_batched_tokens",

@@ -8,26 +8,54 @@ own per-request state from ``NewRequestData`` / ``CachedRequestData``: the scrip
 
 One ``step()`` is one scheduler iteration, even when nothing can be scheduled (a wedged engine
 keeps stepping); upstream's loop skips the step when ``has_requests()`` is False, so a serving
-loop should check that first.
+loop should check that first. It returns a ``StepResult``: the outputs and the scheduler stats
+(upstream's ``EngineCoreOutputs``, ``v1/engine/__init__.py``) plus what this step scheduled and
+preempted. Whoever wants a ``StepTrace`` builds it from the result right after the step
+(``engine/core/step_trace.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
-from contract.trace import StepTrace
 from engine.config import ConfigError, EngineConfig
 from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.output import SchedulerOutput
 from engine.core.sched.scheduler import Scheduler, SchedulerStats
-from engine.core.step_trace import build_step_trace
 from engine.outputs import ModelRunnerOutput
 from engine.request import Request, RequestStatus
 
 
 class ModelRunner(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+# request id -> (finish reason, stop_reason) of a request finished outside a step (an abort)
+Aborted = Mapping[str, tuple[str, int | str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one ``EngineCore.step`` did."""
+
+    step: int  # 1-based scheduler iteration
+    outputs: list[EngineCoreOutput]  # requests that got tokens or finished in this step
+    scheduler_stats: SchedulerStats  # after the step
+    scheduler_output: SchedulerOutput  # what this step's schedule() decided
+    preempted_req_ids: tuple[str, ...]  # preempted by this step's schedule(), in order
+    aborted: Aborted  # finished by abort_requests since the previous step
+
+    @property
+    def scheduled_new_req_ids(self) -> tuple[str, ...]:
+        """Admitted from WAITING in this step, in order."""
+        return tuple(r.req_id for r in self.scheduler_output.scheduled_new_reqs)
+
+    @property
+    def is_idle(self) -> bool:
+        """True when this step scheduled nothing."""
+        return not self.scheduler_output.num_scheduled_tokens
 
 
 class EngineCore:
@@ -71,17 +99,22 @@ class EngineCore:
             )
         return [request.request_id for request in aborted]
 
-    def step(self) -> tuple[list[EngineCoreOutput], StepTrace]:
-        """One iteration: outputs of the requests that got tokens or finished, and the trace."""
+    def step(self) -> StepResult:
+        """One iteration: schedule, run the model, apply its output."""
         scheduler_output = self.scheduler.schedule()
         model_output = self.runner.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, model_output)
         self.step_count += 1
-        trace = build_step_trace(
-            self.step_count, self.scheduler, scheduler_output, outputs, self._aborted
+        result = StepResult(
+            step=self.step_count,
+            outputs=outputs,
+            scheduler_stats=self.scheduler.make_stats(),
+            scheduler_output=scheduler_output,
+            preempted_req_ids=tuple(self.scheduler.last_preempted_req_ids),
+            aborted=self._aborted,
         )
         self._aborted = {}
-        return outputs, trace
+        return result
 
     def has_requests(self) -> bool:
         return self.scheduler.has_requests()

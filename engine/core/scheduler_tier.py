@@ -21,11 +21,12 @@ from typing import Any
 
 from contract.protocol import ENGINE_ARGS, RequestLike, Startup
 from contract.trace import StepTrace
-from engine import divergence
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.kv_sizing import plan_kv_cache
+from engine.core.step_trace import build_step_trace
+from engine.divergence import Deviations
 from engine.model_config import (
     ModelConfig,
     ModelConfigError,
@@ -71,7 +72,8 @@ class SchedulerTierEngine:
         try:
             model = _model_config(model_dir)
             args = {key: values[key] for key in ENGINE_CONFIG_KEYS if key in values}
-            config = EngineConfig(model=model_dir, divergence=self.profiles, **args)
+            deviations = Deviations.from_names(self.profiles)
+            config = EngineConfig(model=model_dir, deviations=deviations, **args)
             max_model_len = self._max_model_len(model, config)
             config.scheduler_limits(max_model_len)
         except (ConfigError, ModelConfigError, ValueError) as exc:
@@ -95,7 +97,7 @@ class SchedulerTierEngine:
             available_memory=0,
             num_gpu_blocks_override=config.num_gpu_blocks_override,
             max_model_len=max_model_len,
-            legacy_null_block=divergence.legacy_null_block(config.divergence),
+            legacy_null_block=config.deviations.legacy_capacity,
         )
 
     def _max_model_len(self, model: ModelConfig, config: EngineConfig) -> int:
@@ -147,8 +149,7 @@ class SchedulerTierEngine:
     def step(self) -> StepTrace:
         if self.core is None:
             raise RuntimeError("step before start")
-        _outputs, trace = self.core.step()
-        return trace
+        return build_step_trace(self.core.scheduler, self.core.step())
 
     def close(self) -> None:
         self.core = None

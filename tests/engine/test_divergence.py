@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
+from contract.profiles import PROFILES
 from contract.scripted import vocab
 from contract.scripted.script import expected
 from contract.trace import StepTrace
-from engine import divergence
 from engine.async_llm import AsyncLLM, EngineDeadError, InputLimits
 from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
@@ -35,13 +35,19 @@ from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.kv_sizing import KVCacheCapacityError, plan_kv_cache
 from engine.core.sched import debug
 from engine.core.sched.debug import format_state, scheduler_state
-from engine.entrypoints.cli import debug_endpoint_enabled, make_parser
+from engine.core.step_trace import traced_step
+from engine.divergence import Deviations, UnknownDivergenceError, flag_name
+from engine.entrypoints.cli_args import debug_endpoint_enabled, make_parser
+from engine.entrypoints.launcher import sigterm_ignored
 from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
     ChatMessage,
 )
+from engine.entrypoints.openai.errors import VLLMValidationError
+from engine.entrypoints.openai.legacy_reasoning import LegacyReasoningResponse, legacy_delta
 from engine.entrypoints.openai.protocol import DeltaMessage, UsageInfo
+from engine.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from engine.entrypoints.stats import SchedulerStats
 from engine.model_config import ModelConfig, load_model_config
 from engine.request import Request
@@ -67,20 +73,20 @@ _ARRIVAL = itertools.count()
 def test_registry_documents_every_profile() -> None:
     from parity.signatures import DIVERGENCE_KINDS, SIGNATURES
 
-    assert tuple(divergence.PROFILES) == NAMES
-    for name, profile in divergence.PROFILES.items():
+    assert tuple(PROFILES) == NAMES
+    for name, profile in PROFILES.items():
         assert profile.name == name and profile.summary and profile.tiers
         assert re.search(r"[\w/]+\.py:\d+", profile.upstream), profile.upstream
         assert profile.component.startswith("engine/")
         assert profile.signature in SIGNATURES + DIVERGENCE_KINDS
-    serve_only = {n for n, p in divergence.PROFILES.items() if "scheduler" not in p.tiers}
+    serve_only = {n for n, p in PROFILES.items() if "scheduler" not in p.tiers}
     assert serve_only == {"no-max-tokens-clamp", "sigterm-ignored-while-wedged",
                           "reasoning-content-field"}  # fmt: skip
 
 
 def test_every_hook_site_names_its_profile() -> None:
     """The component files carry a comment naming the profile and its ledger entry."""
-    for name, profile in divergence.PROFILES.items():
+    for name, profile in PROFILES.items():
         files = re.findall(r"engine/[\w/]+\.py", profile.component)
         assert files, profile.component
         for rel in files:
@@ -92,7 +98,7 @@ def test_ledger_records_each_profile_scoped_to_its_target() -> None:
     from parity.ledger import load_ledger
 
     ledger = load_ledger(ROOT / "scenarios" / "ledger.yaml")
-    for name, profile in divergence.PROFILES.items():
+    for name, profile in PROFILES.items():
         entries = [e for e in ledger.entries if e.id == name or e.id.startswith(name + ".")]
         assert entries, name
         for entry in entries:
@@ -101,25 +107,33 @@ def test_ledger_records_each_profile_scoped_to_its_target() -> None:
         assert {k for e in entries for k in e.match.kinds} & {profile.signature, "*"}
 
 
-def test_parse_profiles_dedupes_and_rejects_unknown() -> None:
-    assert divergence.parse_profiles(["abort-unservable", "abort-unservable"]) == (
-        "abort-unservable",
-    )
-    assert divergence.parse_profiles(None) == ()
-    with pytest.raises(divergence.UnknownDivergenceError) as info:
-        divergence.parse_profiles(["legacy-capacity", "nope"])
+def test_deviations_dedupe_and_reject_unknown() -> None:
+    both = Deviations.from_names(["abort-unservable", "legacy-capacity", "abort-unservable"])
+    assert both.names == ("abort-unservable", "legacy-capacity")
+    assert both.abort_unservable and both.legacy_capacity and not both.no_max_tokens_clamp
+    assert Deviations.from_names(None) == Deviations() and Deviations().names == ()
+    with pytest.raises(UnknownDivergenceError) as info:
+        Deviations.from_names(["legacy-capacity", "nope"])
     assert "\n" not in str(info.value) and "'nope'" in str(info.value)
     assert all(name in str(info.value) for name in NAMES)
+    with pytest.raises(TypeError, match="expected a sequence"):
+        Deviations("abort-unservable")  # type: ignore[arg-type]
 
 
-def test_engine_config_validates_profiles() -> None:
-    config = EngineConfig(divergence=["abort-unservable", "abort-unservable"])  # type: ignore[arg-type]
-    assert config.divergence == ("abort-unservable",)
-    assert EngineConfig().divergence == ()
-    with pytest.raises(ConfigError, match="divergence: unknown divergence profile 'x'"):
-        EngineConfig(divergence=("x",))
-    with pytest.raises(ConfigError, match="expected a list"):
-        EngineConfig(divergence="abort-unservable")  # type: ignore[arg-type]
+def test_deviations_have_one_flag_per_profile() -> None:
+    flags = {f for f in Deviations.__dataclass_fields__ if f != "names"}
+    assert flags == {flag_name(name) for name in PROFILES}
+    for name in PROFILES:
+        one = Deviations((name,))
+        assert [f for f in flags if getattr(one, f)] == [flag_name(name)]
+
+
+def test_engine_config_takes_deviations() -> None:
+    config = EngineConfig(deviations=Deviations(("abort-unservable",)))
+    assert config.deviations.names == ("abort-unservable",)
+    assert EngineConfig().deviations == Deviations()
+    with pytest.raises(ConfigError, match="deviations: expected engine.divergence.Deviations"):
+        EngineConfig(deviations=("abort-unservable",))  # type: ignore[arg-type]
 
 
 def test_cli_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -164,7 +178,7 @@ def _plan(model: ModelConfig, profiles: Sequence[str], blocks: int, bs: int, len
         available_memory=1 << 30,
         num_gpu_blocks_override=blocks,
         max_model_len=length,
-        legacy_null_block=divergence.legacy_null_block(profiles),
+        legacy_null_block=Deviations.from_names(profiles).legacy_capacity,
     )
 
 
@@ -188,7 +202,7 @@ def test_legacy_capacity_counts_the_null_block(model: ModelConfig) -> None:
 # ------------------------------------------------------------------------ abort-unservable
 def make_core(profiles: Sequence[str] = (), *, num_blocks: int, **config: Any) -> EngineCore:
     values = {"max_num_seqs": 16, "max_num_batched_tokens": 8192, **config}
-    cfg = EngineConfig(divergence=tuple(profiles), **values)
+    cfg = EngineConfig(deviations=Deviations.from_names(profiles), **values)
     runner = ScriptedModelRunner(block_size=cfg.block_size)
     return EngineCore(cfg, runner, num_blocks, cfg.explicit_max_model_len)
 
@@ -214,7 +228,7 @@ def run(core: EngineCore, requests: Iterable[tuple[int, Request]], steps: int) -
             request = pending.pop(0)[1]
             core.add_request(request)
             result.tokens[request.request_id] = []
-        outputs, trace = core.step()
+        outputs, trace = traced_step(core)
         result.traces.append(trace)
         for out in outputs:
             result.tokens[out.request_id].extend(out.new_token_ids)
@@ -354,10 +368,11 @@ class SlowRunner(ScriptedModelRunner):
 
 
 def make_llm(tokenizer: Any, profiles: Sequence[str] = (), num_blocks: int = 64) -> AsyncLLM:
-    config = EngineConfig(block_size=16, max_model_len=2048, divergence=tuple(profiles))
+    deviations = Deviations.from_names(profiles)
+    config = EngineConfig(block_size=16, max_model_len=2048, deviations=deviations)
     core = EngineCore(config, SlowRunner(block_size=16), num_blocks)
     limits = InputLimits(2048, vocab.VOCAB_SIZE, vocab.VOCAB_SIZE - 1, {}, vocab.EOS)
-    return AsyncLLM(core, tokenizer, limits, num_gpu_blocks=num_blocks, divergence=profiles)
+    return AsyncLLM(core, tokenizer, limits, deviations=deviations)
 
 
 def test_async_dump_is_taken_on_the_engine_thread(
@@ -424,10 +439,6 @@ def test_async_abort_unservable_finishes_with_error(tokenizer: Any) -> None:
 
 
 # ------------------------------------------------------------- sigterm-ignored-while-wedged
-def _engine(running: int, waiting: int) -> Any:
-    return SimpleNamespace(scheduler_stats=SchedulerStats(running, waiting))
-
-
 @pytest.mark.parametrize(
     ("profiles", "running", "waiting", "ignored"),
     [
@@ -441,30 +452,39 @@ def _engine(running: int, waiting: int) -> Any:
 def test_sigterm_is_ignored_only_when_wedged(
     profiles: tuple[str, ...], running: int, waiting: int, ignored: bool
 ) -> None:
-    assert divergence.ignore_sigterm(profiles, _engine(running, waiting)) is ignored
+    stats = SchedulerStats(running, waiting)
+    assert sigterm_ignored(Deviations.from_names(profiles), stats) is ignored
 
 
 # -------------------------------------------------------------------- no-max-tokens-clamp
-def test_max_tokens_helpers() -> None:
-    on, off = ("no-max-tokens-clamp",), ()
-    assert divergence.served_max_tokens(off, 5000, 61) == 61
-    assert divergence.served_max_tokens(on, 5000, 61) == 5000
-    assert divergence.served_max_tokens(on, None, 61) == 61  # unset: upstream's default
-    assert divergence.checked_max_tokens(off, 5000, 64) == 5000  # TokenizeParams refuses it
-    assert divergence.checked_max_tokens(on, 5000, 64) == 64
-    assert divergence.checked_max_tokens(on, 10, 64) == 10
-    assert divergence.checked_max_tokens(on, None, 64) == 0
+def _serving(tokenizer: Any, profiles: tuple[str, ...]) -> OpenAIServing:
+    config = ServingConfig(["m"], "m", 64, deviations=Deviations(profiles))
+    return OpenAIServing(SimpleNamespace(), tokenizer, config)  # type: ignore[arg-type]
+
+
+def test_max_tokens_hooks(tokenizer: Any) -> None:
+    """At M 64 with a 3-token prompt upstream clamps max_tokens to 61 and refuses 5000."""
+    on, off = _serving(tokenizer, ("no-max-tokens-clamp",)), _serving(tokenizer, ())
+    assert off.max_tokens_for(5000, 3, None) == 61
+    assert on.max_tokens_for(5000, 3, None) == 5000
+    assert on.max_tokens_for(None, 3, None) == off.max_tokens_for(None, 3, None)  # upstream's
+    request = SimpleNamespace(
+        truncate_prompt_tokens=None, truncation_side=None, add_special_tokens=True
+    )
+    with pytest.raises(VLLMValidationError, match="max_tokens=5000 cannot be greater"):
+        off.tokenize_params(request, 5000, "max_tokens")  # TokenizeParams refuses it
+    assert on.tokenize_params(request, 5000, "max_tokens").max_output_tokens == 64
+    assert on.tokenize_params(request, 10, "max_tokens").max_output_tokens == 10
+    assert on.tokenize_params(request, None, "max_tokens").max_output_tokens == 0
 
 
 # -------------------------------------------------------------- reasoning-content-field
 def test_reasoning_delta_renames_only_the_reasoning_field() -> None:
-    on = ("reasoning-content-field",)
     delta = DeltaMessage.model_validate({"reasoning": " x"})
-    renamed = divergence.reasoning_delta(on, delta).model_dump_json(exclude_unset=True)
+    renamed = legacy_delta(delta).model_dump_json(exclude_unset=True)
     assert json.loads(renamed) == {"reasoning_content": " x"}
-    assert divergence.reasoning_delta((), delta) is delta
     for other in (DeltaMessage(content="a"), DeltaMessage(role="assistant", content="")):
-        assert divergence.reasoning_delta(on, other) is other
+        assert legacy_delta(other) is other
 
 
 def test_chat_response_renames_the_message_field() -> None:
@@ -476,8 +496,7 @@ def test_chat_response_renames_the_message_field() -> None:
         )],
         usage=UsageInfo(prompt_tokens=3, completion_tokens=2, total_tokens=5),
     )  # fmt: skip
-    assert divergence.chat_response((), response) is response
-    legacy = divergence.chat_response(("reasoning-content-field",), response)
+    legacy = LegacyReasoningResponse(response)
     want = response.model_dump()
     message = want["choices"][0]["message"]
     message["reasoning_content"] = message.pop("reasoning")

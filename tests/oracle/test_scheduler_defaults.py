@@ -1,4 +1,4 @@
-"""The server's batch defaults (``engine.entrypoints.cli.resolved_scheduler_args`` and
+"""The server's batch defaults (``engine.entrypoints.cli_args.resolved_scheduler_args`` and
 ``engine.core.kv_sizing.check_scheduler_limits``) against the pinned vLLM's own code, in
 process, over a grid of flags: ``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``
 (``engine/arg_utils.py:3097-3184``, the CPU API-server defaults) and
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from engine.core.kv_sizing import SchedulerConfigError, check_scheduler_limits
-from engine.entrypoints.cli import resolved_scheduler_args
+from engine.entrypoints.cli_args import resolved_scheduler_args
 
 pytestmark = [pytest.mark.oracle, pytest.mark.timeout(120)]
 

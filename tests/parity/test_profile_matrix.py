@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from parity_helpers import SCENARIOS
 
-from engine import divergence
+from contract.profiles import PROFILES
 from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
@@ -55,7 +55,7 @@ def _without_profile(ledger: Ledger, profile: str) -> Ledger:
 def test_profile_is_caught_with_its_signature_and_nothing_else(
     profile: str, scripted_model_dir: Path, oracle_target: Any
 ) -> None:
-    assert "scheduler" in divergence.PROFILES[profile].tiers
+    assert "scheduler" in PROFILES[profile].tiers
     changed, signature = MATRIX[profile]
     engine = make_target(f"engine:{scripted_model_dir} --divergence {profile}")
     assert engine.name == f"engine --divergence {profile}"

@@ -54,9 +54,7 @@ def busy_machine(folder: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for _ in range(os.cpu_count() or 1):
-            procs.append(
-                subprocess.Popen([sys.executable, "-c", CPU_HOG], process_group=0)
-            )
+            procs.append(subprocess.Popen([sys.executable, "-c", CPU_HOG], process_group=0))
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", DISK_HOG, str(folder / "disk-hog.bin")], process_group=0

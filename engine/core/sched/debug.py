@@ -40,7 +40,7 @@ def scheduler_state(scheduler: Scheduler) -> dict[str, Any]:
             "scheduler_reserve_full_isl": scheduler.scheduler_reserve_full_isl,
             "watermark_blocks": kv.watermark_blocks,
             "policy": scheduler.policy.value,
-            "divergence": list(scheduler.divergence.names),
+            "divergence": list(scheduler.deviations.names),
         },
         "pool": {
             "num_blocks": pool.num_gpu_blocks,  # the null block included

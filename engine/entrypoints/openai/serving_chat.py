@@ -10,9 +10,10 @@ token ids must go out; the finish chunk; the usage chunk with ``choices: []`` du
 parser, ``completion_tokens_details.reasoning_tokens`` whenever a reasoning parser is set) and
 ``_create_chat_logprobs`` (:1242-1333).
 
-Deliberate divergence, off by default: ``reasoning-content-field`` (``ServingConfig.divergence``;
-engine/divergence.py, ledger entry ``reasoning-content-field``) names the reasoning output
-``reasoning_content`` (the field's old name) in messages and deltas.
+Deliberate divergence, off by default: ``reasoning-content-field`` (the flag of
+``ServingConfig.deviations``; engine/divergence.py, ledger entry ``reasoning-content-field``)
+names the reasoning output ``reasoning_content`` (the field's old name) in messages and deltas
+(``legacy_reasoning.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
-from engine import divergence
 from engine.async_llm import RequestOutput
 from engine.entrypoints.logprobs import PositionLogprobs
 from engine.entrypoints.openai.chat_protocol import (
@@ -42,6 +42,7 @@ from engine.entrypoints.openai.chat_utils import (
     render_chat,
 )
 from engine.entrypoints.openai.errors import ErrorResponse, create_error_response
+from engine.entrypoints.openai.legacy_reasoning import LegacyReasoningResponse, legacy_delta
 from engine.entrypoints.openai.protocol import (
     CompletionTokenUsageInfo,
     DeltaMessage,
@@ -54,6 +55,25 @@ from engine.entrypoints.openai.serving_engine import OpenAIServing, PromptInput,
 from engine.reasoning import RequestReasoningParser
 
 ChatResult = AsyncGenerator[str, None] | ChatCompletionResponse | ErrorResponse
+
+
+def stream_chunk(
+    request_id: str,
+    created: int,
+    model: str,
+    choice: ChatCompletionResponseStreamChoice,
+    **extra: Any,
+) -> ChatCompletionStreamResponse:
+    """One ``chat.completion.chunk`` with one choice; ``extra`` fields are set explicitly, so an
+    ``exclude_unset`` dump shows them even when None (the first chunk's prompt fields)."""
+    return ChatCompletionStreamResponse(
+        id=request_id,
+        object="chat.completion.chunk",
+        created=created,
+        choices=[choice],
+        model=model,
+        **extra,
+    )
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -138,10 +158,7 @@ class OpenAIServingChat(OpenAIServing):
             )
 
         def chunk_of(choice: ChatCompletionResponseStreamChoice) -> ChatCompletionStreamResponse:
-            return ChatCompletionStreamResponse(
-                id=request_id, object="chat.completion.chunk", created=created, choices=[choice],
-                model=model,
-            )  # fmt: skip
+            return stream_chunk(request_id, created, model, choice)
 
         try:
             async for res in results:
@@ -201,8 +218,8 @@ class OpenAIServingChat(OpenAIServing):
                     token_ids = (
                         list(output.token_ids) if request.return_token_ids and not hide else None
                     )
-                    # Divergence reasoning-content-field (ledger reasoning-content-field).
-                    delta = divergence.reasoning_delta(self.config.divergence, delta)
+                    if self.config.deviations.reasoning_content_field:
+                        delta = legacy_delta(delta)  # ledger reasoning-content-field
                     if output.finish_reason is None:
                         choice = ChatCompletionResponseStreamChoice(
                             index=i, delta=delta, logprobs=logprobs, finish_reason=None,
@@ -255,32 +272,19 @@ class OpenAIServingChat(OpenAIServing):
                 index=i, delta=DeltaMessage(role=role, content=""), logprobs=None,
                 finish_reason=None,
             )  # fmt: skip
-            chunks.append(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    object="chat.completion.chunk",
-                    created=created,
-                    choices=[choice],
-                    model=model,
-                    prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None,
-                    prompt_text=res.prompt if request.return_prompt_text else None,
-                )  # fmt: skip
-            )
+            chunk = stream_chunk(
+                request_id, created, model, choice,
+                prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None,
+                prompt_text=res.prompt if request.return_prompt_text else None,
+            )  # fmt: skip
+            chunks.append(chunk)
         echo = self._echo_text(request, conversation, role)
         if echo:
             for i in range(request.n or 1):
                 choice = ChatCompletionResponseStreamChoice(
                     index=i, delta=DeltaMessage(content=echo), logprobs=None, finish_reason=None
                 )
-                chunks.append(
-                    ChatCompletionStreamResponse(
-                        id=request_id,
-                        object="chat.completion.chunk",
-                        created=created,
-                        choices=[choice],
-                        model=model,
-                    )  # fmt: skip
-                )
+                chunks.append(stream_chunk(request_id, created, model, choice))
         return chunks
 
     @staticmethod
@@ -375,8 +379,10 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=final.prompt_token_ids if request.return_token_ids else None,
             prompt_text=final.prompt if request.return_prompt_text else None,
         )
-        # Divergence reasoning-content-field (ledger reasoning-content-field).
-        return divergence.chat_response(self.config.divergence, response)
+        if self.config.deviations.reasoning_content_field:
+            # Divergence reasoning-content-field (ledger reasoning-content-field).
+            return LegacyReasoningResponse(response)  # type: ignore[return-value]
+        return response
 
     def chat_logprobs(
         self,

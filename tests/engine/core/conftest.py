@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.scheduler import Scheduler
+from engine.core.step_trace import traced_step
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -145,7 +146,7 @@ def run_workload(
             cursor += 1
         if cursor == len(pending) and not core.has_unfinished_requests():
             break
-        outputs, trace = core.step()
+        outputs, trace = traced_step(core)
         for out in outputs:
             run.tokens[out.request_id].extend(out.new_token_ids)
         run.finish.update(trace.finished)

@@ -18,6 +18,7 @@ from contract.trace import StepTrace
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
+from engine.core.step_trace import traced_step
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -58,7 +59,7 @@ def _engine_run(
             cursor += 1
         if cursor == len(pending) and not core.has_unfinished_requests():
             break
-        traces.append(core.step()[1])
+        traces.append(traced_step(core)[1])
     return traces
 
 

@@ -13,6 +13,7 @@ from engine.config import ConfigError, EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
 from engine.core.sched.output import SchedulerOutput
+from engine.core.step_trace import traced_step
 from engine.outputs import ModelRunnerOutput
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,7 +41,7 @@ def test_several_preemptions_in_one_step_in_victim_order(factories: Any) -> None
 def test_idle_steps_still_count(factories: Any) -> None:
     f = factories
     core = f.create_core()
-    _, first = core.step()
+    _, first = traced_step(core)
     assert first.step == 1 and first.is_idle and not core.has_requests()
     run = f.run_workload(core, [(2, f.make_request("A", [1, 2, 3], 1))])
     assert [t.step for t in run.traces] == [2, 3, 4]

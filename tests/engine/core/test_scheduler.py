@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from engine.core.sched.output import SchedulerOutput
+from engine.core.step_trace import traced_step
 from engine.outputs import ModelRunnerOutput
 from engine.request import RequestStatus
 
@@ -133,7 +134,7 @@ def test_abort_running_and_waiting(factories: Any) -> None:
     core.step()
     assert core.abort_requests(["r0", "r1", "nope"]) in (["r0", "r1"], ["r1", "r0"])
     assert core.abort_requests(["r0"]) == []
-    outputs, trace = core.step()
+    outputs, trace = traced_step(core)
     assert outputs == [] and trace.finished == {"r0": "abort", "r1": "abort"}
     assert trace.stop_reasons == {"r0": None, "r1": None} and trace.num_free_blocks == 9999
     assert not core.has_unfinished_requests()
@@ -171,6 +172,6 @@ def test_first_output_carries_num_cached_tokens(factories: Any) -> None:
     core.add_request(f.make_request("B", shared + [9] * 8, 3))
     seen = []
     while core.has_unfinished_requests():
-        outputs, _ = core.step()
+        outputs = core.step().outputs
         seen.extend((o.num_cached_tokens, len(o.new_token_ids)) for o in outputs)
     assert seen == [(32, 1), (None, 1), (None, 1)]

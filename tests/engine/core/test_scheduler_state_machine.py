@@ -24,6 +24,7 @@ from contract.scripted import script, vocab
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.fake_runner import ScriptedModelRunner
+from engine.core.step_trace import traced_step
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -117,7 +118,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
-        outputs, trace = self.core.step()
+        outputs, trace = traced_step(self.core)
         assert sum(trace.num_scheduled_tokens.values()) <= self.budget
         assert len(trace.running) <= self.cfg.max_num_seqs
         for out in outputs:

@@ -49,7 +49,7 @@ def make_engine(tokenizer: Any, num_blocks: int = NUM_BLOCKS) -> AsyncLLM:
     config = EngineConfig(block_size=16, max_model_len=MAX_MODEL_LEN)
     core = EngineCore(config, SlowRunner(block_size=16), num_blocks)
     limits = InputLimits(MAX_MODEL_LEN, vocab.VOCAB_SIZE, vocab.VOCAB_SIZE - 1, {}, vocab.EOS)
-    return AsyncLLM(core, tokenizer, limits, num_gpu_blocks=num_blocks)
+    return AsyncLLM(core, tokenizer, limits)
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_dead_engine_fails_requests_and_health(tokenizer: Any) -> None:
     config = EngineConfig(block_size=16, max_model_len=MAX_MODEL_LEN)
     core = ExplodingCore(config, ScriptedModelRunner(block_size=16), NUM_BLOCKS)
     limits = InputLimits(MAX_MODEL_LEN, vocab.VOCAB_SIZE, vocab.VOCAB_SIZE - 1, {}, vocab.EOS)
-    llm = AsyncLLM(core, tokenizer, limits, num_gpu_blocks=NUM_BLOCKS)
+    llm = AsyncLLM(core, tokenizer, limits)
     serving = ServingConfig(["scripted"], "scripted", MAX_MODEL_LEN)
     state = AppState(
         engine=llm,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.model_executor.attention import AttentionMetadata, PrefillSpan
-from engine.model_executor.llama import LlamaConfig, UnsupportedModelError
+from engine.model_executor.llama import Linear, LlamaConfig, UnsupportedModelError
 from engine.model_executor.loader import ModelLoadError, load_config, load_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,6 +24,29 @@ BASE = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 256,
 }
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 16, 32, 48, 64])
+def test_linear_kernels_agree_with_a_float64_reference(rows: int, bias: bool) -> None:
+    """Every row-count regime of ``Linear.forward`` (F.linear, (W x^T)^T, oneDNN) computes
+    x W^T + b, with and without the packed copy."""
+    torch.manual_seed(rows)
+    layer = Linear(256, 192, bias=bias)
+    layer.weight.data = torch.randn(192, 256) * 0.05
+    if bias:
+        assert layer.bias is not None
+        layer.bias.data = torch.randn(192)
+    x = torch.randn(rows, 256)
+    want = x.double() @ layer.weight.double().t()
+    if bias:
+        want += layer.bias.double()
+    for packed in (False, True):
+        if packed:
+            layer.prepack()
+        got = layer(x)
+        assert got.shape == (rows, 192) and got.dtype == torch.float32 and got.is_contiguous()
+        assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4), (rows, packed)
 
 
 def test_config_layouts() -> None:

@@ -1,6 +1,6 @@
 """Profile matrix at the serve tier (issue 7): each engine ``--divergence`` profile against the
 pinned vLLM server. The differ must flag the profile exactly where it changes behaviour, with
-the profile's signature (``engine.divergence.PROFILES[name].signature``) and nothing else,
+the profile's signature (``contract.PROFILES[name].signature``) and nothing else,
 the ledger must call every finding KNOWN by the profile's entry (NEW without it), and every
 profile must be caught: 5 of 5.
 
@@ -38,7 +38,15 @@ from pathlib import Path
 
 import pytest
 
-from engine import divergence
+from contract.profiles import (
+    ABORT_UNSERVABLE,
+    LEGACY_CAPACITY,
+    NO_MAX_TOKENS_CLAMP,
+    PROFILES,
+    REASONING_CONTENT_FIELD,
+    SIGTERM_IGNORED_WHILE_WEDGED,
+)
+from engine.divergence import Deviations
 from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
@@ -64,7 +72,7 @@ WEDGE_LEG = "port-wedge-serve--wedge"
 SHOWS: dict[str, set[str]] = {
     # auto-fit gives one block more (128 vs 96 at 4 blocks of 32); configs upstream refuses
     # (3 blocks at M 96; 1 block) start, or refuse with the other estimate
-    divergence.LEGACY_CAPACITY: {
+    LEGACY_CAPACITY: {
         "auto-fit-n4", "concurrency-preemptions", "head-of-line-blocking",
         "startup-no-memory-n1", "startup-refused-n3-m96",
     },
@@ -72,15 +80,15 @@ SHOWS: dict[str, set[str]] = {
     # (clamp-hypothesis--between: the client sees the same 61 tokens, the operator's
     # request_params_max_tokens sum says 62, not 61), and a prompt at max_model_len failing a
     # later check instead of "max_tokens must be at least 1, got 0"
-    divergence.NO_MAX_TOKENS_CLAMP: {
+    NO_MAX_TOKENS_CLAMP: {
         "auto-fit-n4", "clamp-completions-default", "clamp-completions-explicit",
         "max-tokens-over-max-model-len", "prompt-exactly-max-model-len",
         "clamp-hypothesis--over", "clamp-hypothesis--between",
     },
-    divergence.ABORT_UNSERVABLE: {WEDGE_LEG},  # HTTP 500 where upstream wedges
-    divergence.SIGTERM_IGNORED_WHILE_WEDGED: {WEDGE_LEG},  # survives SIGTERM, upstream exits
+    ABORT_UNSERVABLE: {WEDGE_LEG},  # HTTP 500 where upstream wedges
+    SIGTERM_IGNORED_WHILE_WEDGED: {WEDGE_LEG},  # survives SIGTERM, upstream exits
     # every scenario with a reasoning parser and a chat request that reasons
-    divergence.REASONING_CONTENT_FIELD: {
+    REASONING_CONTENT_FIELD: {
         "clamp-chat-default", "enable-thinking-false", "include-usage-stream", "logprobs-top5",
         "reasoning-budget-enough", "reasoning-budget-short", "reasoning-budget-short-stream",
         "text-prompt-basics", "utf8-streaming",
@@ -88,10 +96,10 @@ SHOWS: dict[str, set[str]] = {
 }  # fmt: skip
 # profile -> the engine target that shows it on the wedge leg (None: not run there)
 ON_WEDGE = {
-    divergence.ABORT_UNSERVABLE: f"{LEGACY} --divergence abort-unservable",
-    divergence.SIGTERM_IGNORED_WHILE_WEDGED: f"{LEGACY} --divergence sigterm-ignored-while-wedged",
+    ABORT_UNSERVABLE: f"{LEGACY} --divergence abort-unservable",
+    SIGTERM_IGNORED_WHILE_WEDGED: f"{LEGACY} --divergence sigterm-ignored-while-wedged",
 }
-CLAMP_TARGET = f"engine --divergence {divergence.NO_MAX_TOKENS_CLAMP}"
+CLAMP_TARGET = f"engine --divergence {NO_MAX_TOKENS_CLAMP}"
 
 
 def profile_target(profile: str) -> str:
@@ -103,7 +111,7 @@ class Matrix:
 
     def __init__(self, pool: ServerPool) -> None:
         self.scenarios: dict[str, Scenario] = {s.id: s for s in load_scenarios([SERVE])}
-        targets = ["oracle", "engine", *(profile_target(p) for p in divergence.PROFILES)]
+        targets = ["oracle", "engine", *(profile_target(p) for p in PROFILES)]
         suite = run_serve_scenarios(list(self.scenarios.values()), targets, pool=pool)
         self.runs: dict[str, dict[str, ServeRun]] = {
             r.scenario_id: {run.target: run for run in r.runs} for r in suite
@@ -211,11 +219,11 @@ def test_the_plain_engine_is_parity_on_the_suite_and_the_controls(matrix: Matrix
     assert {o.outcome for run in wedge.runs for o in run.observations} == {"zero_byte_hang"}
 
 
-@pytest.mark.parametrize("profile", list(divergence.PROFILES))
+@pytest.mark.parametrize("profile", list(PROFILES))
 def test_profile_is_caught_with_its_signature_and_nothing_else(
     profile: str, matrix: Matrix
 ) -> None:
-    expected = divergence.PROFILES[profile].signature
+    expected = PROFILES[profile].signature
     target = ON_WEDGE.get(profile, profile_target(profile))
     results = matrix.results(target)
     if profile in ON_WEDGE:  # the suite runs of the profile alone: parity (it needs a wedge)
@@ -240,7 +248,7 @@ def test_profile_is_caught_with_its_signature_and_nothing_else(
     assert {f.signature for f in findings} == {expected}
     states = {e.entry.id: e.state.value for e in report.entries}
     assert states[profile] == "known", states
-    on = divergence.parse_profiles(target.split()[2::2])
+    on = Deviations.from_names(target.split()[2::2]).names
     bare = classify(results, without(ledger, on), matrix.scenarios)
     assert {f.verdict for f in bare.findings if f.verdict is not Verdict.PASS} == {Verdict.NEW}
 
@@ -248,9 +256,9 @@ def test_profile_is_caught_with_its_signature_and_nothing_else(
 def test_every_profile_is_caught(matrix: Matrix) -> None:
     caught = {
         profile
-        for profile in divergence.PROFILES
+        for profile in PROFILES
         if diverged(matrix.results(ON_WEDGE.get(profile, profile_target(profile))))
     }
-    rate = len(caught) / len(divergence.PROFILES)
-    print(f"profiles caught: {len(caught)}/{len(divergence.PROFILES)} ({rate:.0%})")
-    assert caught == set(divergence.PROFILES)
+    rate = len(caught) / len(PROFILES)
+    print(f"profiles caught: {len(caught)}/{len(PROFILES)} ({rate:.0%})")
+    assert caught == set(PROFILES)
