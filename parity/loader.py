@@ -4,7 +4,9 @@ Errors come from three layers, all reported as ``file:line: message``: YAML synt
 mark), the pydantic schema (each error's location mapped back to the line of the key or list
 item through ``parity._yaml``), and the semantic checks below (``id`` equals the file stem,
 request ids unique, exactly one prompt form, tier-specific keys, ``expect`` names known
-requests).
+requests). A text ``prompt`` of a scenario that runs at the scheduler tier is tokenized here
+(``parity.prompts``) into its ``prompt_token_ids``; an unknown word or selector is a problem at
+the prompt's line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 
 from parity._yaml import LineMap, Path, dotted, line_of, load_with_lines
 from parity.errors import Problem, ScenarioError, brief
+from parity.prompts import PromptError, tokenizer_for
 from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
 
 SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
@@ -114,9 +117,39 @@ def parse_scenario(text: str, file: str, stem: str | None = None) -> Scenario:
         Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
         for path, message in _semantic(scenario, stem)
     ]
+    scenario, tokenized = _tokenize_prompts(scenario)
+    problems.extend(
+        Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
+        for path, message in tokenized
+    )
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
+    scenario.attach_source(file, lines)
     return scenario
+
+
+def _tokenize_prompts(scenario: Scenario) -> tuple[Scenario, list[tuple[Path, str]]]:
+    """At the scheduler tier, a text ``prompt`` gets its ``prompt_token_ids`` (``parity.prompts``;
+    the serve tier still sends the text). Unknown words and selectors are problems."""
+    texts = [bool(r.prompt) and r.prompt_token_ids is None for r in scenario.requests]
+    if not scenario.runs_at_scheduler_tier or not any(texts):
+        return scenario, []
+    found: list[tuple[Path, str]] = []
+    try:
+        tokenizer = tokenizer_for(scenario.config.model)
+    except PromptError as exc:
+        return scenario, [(("config", "model"), str(exc))]
+    requests = []
+    for index, request in enumerate(scenario.requests):
+        if texts[index]:
+            try:
+                ids = tokenizer.encode(request.prompt or "")
+            except PromptError as exc:
+                found.append((("requests", index, "prompt"), str(exc)))
+            else:
+                request = request.model_copy(update={"prompt_token_ids": ids})
+        requests.append(request)
+    return scenario.model_copy(update={"requests": requests}), found
 
 
 def schema_problems(
@@ -216,8 +249,8 @@ def _tier_request_checks(scenario: Scenario, request: Any, where: Path) -> list[
     if scenario.tier == "serve" and "at_step" in request.model_fields_set:
         found.append(((*where, "at_step"), "a scheduler-tier key (the serve tier uses at_ms)"))
     if scenario.runs_at_scheduler_tier:
-        if request.prompt_token_ids is None:
-            found.append((where, "the scheduler tier needs prompt_token_ids"))
+        if request.messages is not None:
+            found.append((where, "the scheduler tier needs prompt_token_ids or a text prompt"))
         if request.max_tokens is None or request.max_tokens < 1:
             found.append(((*where, "max_tokens"), "required (>= 1) at the scheduler tier"))
     return found
@@ -255,12 +288,24 @@ def dump_scenario(scenario: Scenario) -> str:
     """YAML text of ``scenario`` (keys set explicitly only) that loads back to an equal one."""
     data = scenario.model_dump(mode="json", exclude_unset=True)
     for request in data["requests"]:  # drop per-request keys left at their defaults
+        if "prompt" in request and "prompt_token_ids" in request:  # tokenized by the loader
+            del request[_stale_prompt_form(scenario, request)]
         for key, default in _REQUEST_DEFAULTS.items():
             if key in request and request[key] == default:
                 del request[key]
     if scenario.expect is not None and "steps" in data.get("expect", {}):
         data["expect"]["steps"] = {int(k): v for k, v in data["expect"]["steps"].items()}
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def _stale_prompt_form(scenario: Scenario, request: dict[str, Any]) -> str:
+    """Of a text prompt and the ids the loader gave it, the one to drop: the ids while they
+    are the text's; the text once the ids were changed (a shrunk prompt)."""
+    try:
+        ids = tokenizer_for(scenario.config.model).encode(request["prompt"])
+    except PromptError:
+        return "prompt"
+    return "prompt_token_ids" if ids == request["prompt_token_ids"] else "prompt"
 
 
 def write_scenario(scenario: Scenario, directory: str | FsPath) -> FsPath:

@@ -157,7 +157,7 @@ class RequestSpec(_Strict):
 
 
 SCHEDULER_REQUEST_KEYS = frozenset(
-    {"id", "prompt_token_ids", "max_tokens", "ignore_eos", "min_tokens", "stop_token_ids"}
+    {"id", "prompt_token_ids", "prompt", "max_tokens", "ignore_eos", "min_tokens", "stop_token_ids"}
     | {"priority", "at_step"}
 )
 

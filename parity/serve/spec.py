@@ -209,6 +209,8 @@ def request_from_scenario(request: Any) -> ServeRequestSpec:
         "chat" if messages else "completions"
     )
     ids = getattr(request, "prompt_token_ids", None)
+    if getattr(request, "prompt", None) is not None:
+        ids = None  # the loader's scheduler-tier ids of a text prompt: the server tokenizes it
     return ServeRequestSpec(
         id=request.id,
         endpoint=endpoint,

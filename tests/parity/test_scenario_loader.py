@@ -169,19 +169,60 @@ expect:
   steps: {9999: {num_free_blocks: 1}}
 """
     path = write_yaml("semantic", text)
-    assert problems(path) == [
+    found = problems(path)
+    assert found.pop(6).startswith(f"{path}:16: requests[2].prompt: unknown word 'text'")
+    assert found == [
         f"{path}:1: id: 'not-the-stem' must equal the file name 'semantic'",
         f"{path}:4: config: the scheduler tier needs num_gpu_blocks_override",
         f"{path}:9: requests[1].id: duplicate request id 'a'",
         f"{path}:9: requests[1]: give exactly one of prompt_token_ids, prompt, messages",
-        f"{path}:10: requests[1].prompt: a serve-tier key (this scenario is tier: scheduler)",
         f"{path}:13: requests[1].stream: a serve-tier key (this scenario is tier: scheduler)",
-        f"{path}:14: requests[2]: the scheduler tier needs prompt_token_ids",
         f"{path}:15: requests[2].max_tokens: required (>= 1) at the scheduler tier",
-        f"{path}:16: requests[2].prompt: a serve-tier key (this scenario is tier: scheduler)",
         f"{path}:18: expect.outcome.zz: unknown request 'zz'",
         f"{path}:19: expect.steps[9999]: step 9999 is beyond limits.max_steps",
     ]
+
+
+TEXT = GOOD.replace("prompt_token_ids: [389, 444, 400]", "prompt: {prompt!r}")
+
+
+def test_text_prompts_are_tokenized_at_the_scheduler_tier(
+    write_yaml: Callable[[str, str], Path],
+) -> None:
+    path = write_yaml("text", TEXT.format(id="text", prompt="<|answer:20|><|think:3|>"))
+    (request,) = load_scenario(path).requests
+    assert request.prompt_token_ids == [389, 444, 400]  # BOS added, as the server does
+    path = write_yaml("words", TEXT.format(id="words", prompt="<|loop|> 7 tick q</s>"))
+    (request,) = load_scenario(path).requests
+    assert request.prompt_token_ids == [389, 488, 263, 382, 372, 390]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error"),
+    [
+        ("<|answer:64|>", "unknown selector '<|answer:64|>' (known: <|think:0|>..<|think:26|>"),
+        ("<|anwser:5|> 3", "unknown selector '<|anwser:5|>'"),
+        ("<|answer:5|> tik 100", "unknown word ' tik', ' 100': not one token"),
+    ],
+)
+def test_unknown_words_and_selectors_point_at_the_prompt(
+    write_yaml: Callable[[str, str], Path], prompt: str, error: str
+) -> None:
+    path = write_yaml("typo", TEXT.format(id="typo", prompt=prompt))
+    (message,) = problems(path)
+    assert message.startswith(f"{path}:10: requests[0].prompt: {error}")
+
+
+def test_a_text_prompt_dumps_as_text_until_its_ids_change(
+    write_yaml: Callable[[str, str], Path],
+) -> None:
+    scenario = load_scenario(write_yaml("dump", TEXT.format(id="dump", prompt="<|answer:3|>")))
+    text = dump_scenario(scenario)
+    assert "prompt: '<|answer:3|>'" in text and "prompt_token_ids" not in text
+    assert parse_scenario(text, "<dump>").model_dump() == scenario.model_dump()
+    shrunk = scenario.requests[0].model_copy(update={"prompt_token_ids": [389]})
+    text = dump_scenario(scenario.model_copy(update={"requests": [shrunk]}))
+    assert "prompt_token_ids: [389]" in text and "prompt:" not in text
 
 
 def test_duplicate_keys_and_empty_files(write_yaml: Callable[[str, str], Path]) -> None:
@@ -252,3 +293,15 @@ def test_directory_errors_are_collected_across_files(
     assert [p.name for p in collect_files([tmp_path])] == ["one.yaml", "two.yaml"]
     with pytest.raises(ScenarioError, match="no such file"):
         collect_files([tmp_path / "missing.yaml"])
+
+
+def test_both_tiers_tokenize_for_the_scheduler_and_send_the_text_to_servers(
+    write_yaml: Callable[[str, str], Path],
+) -> None:
+    from parity.serve.spec import request_from_scenario
+
+    text = TEXT.format(id="both", prompt="<|answer:2|>").replace("tier: scheduler", "tier: both")
+    (request,) = load_scenario(write_yaml("both", text)).requests
+    assert request.prompt_token_ids == [389, 426]
+    served = request_from_scenario(request)
+    assert served.prompt == "<|answer:2|>" and served.prompt_token_ids is None
