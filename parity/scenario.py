@@ -76,84 +76,160 @@ class _Strict(BaseModel):
 class ConfigSpec(_Strict):
     """Engine arguments, named as vLLM's (``--block-size`` is ``block_size``)."""
 
-    model: str | None = Field(default=None, description="model folder; default: the scripted model")
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
-    block_size: PositiveInt = 16
+    model: str | None = Field(
+        default=None,
+        description="model: scripted (default) or random (built on demand), or a model folder",
+    )
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        default="auto", description="weight and activation dtype (--dtype)"
+    )
+    block_size: PositiveInt = Field(default=16, description="tokens per KV-cache block")
     num_gpu_blocks_override: NonNegativeInt | None = Field(
         default=None, description="KV blocks, null block included (required at the scheduler tier)"
     )
     max_model_len: MaxModelLen | None = Field(
         default=None, description="int, or auto / -1 (auto-fit); unset: derived from the model"
     )
-    max_num_seqs: PositiveInt = 256
-    max_num_batched_tokens: PositiveInt | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    long_prefill_token_threshold: NonNegativeInt = 0
-    seed: int = 0
+    max_num_seqs: PositiveInt = Field(
+        default=256, description="most requests running at once (admission stops there)"
+    )
+    max_num_batched_tokens: PositiveInt | None = Field(
+        default=None, description="token budget of one step; unset: vLLM's default"
+    )
+    enable_chunked_prefill: bool = Field(
+        default=True, description="split a long prefill over steps to fit the token budget"
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="reuse full KV blocks of an identical prompt prefix"
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs", description="fcfs: arrival order; priority: lowest priority value first"
+    )
+    long_prefill_token_threshold: NonNegativeInt = Field(
+        default=0, description="cap of prefill tokens one request gets per step (0: no cap)"
+    )
+    seed: int = Field(default=0, description="engine seed (--seed)")
     # serve tier
-    reasoning_parser: str | None = None
-    extra_args: list[str] = Field(default_factory=list, description="extra server flags")
+    reasoning_parser: str | None = Field(
+        default=None, description="serve tier: --reasoning-parser, e.g. deepseek_r1"
+    )
+    extra_args: list[str] = Field(
+        default_factory=list, description="serve tier: extra server flags, e.g. [--enforce-eager]"
+    )
 
 
 class Message(_Strict):
     """One chat message (serve tier)."""
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = None
-    name: str | None = None
-    reasoning_content: str | None = None
+    role: Literal["system", "user", "assistant", "tool"] = Field(description="who speaks")
+    content: str | None = Field(default=None, description="the message text")
+    name: str | None = Field(default=None, description="optional speaker name")
+    reasoning_content: str | None = Field(
+        default=None, description="an earlier assistant turn's reasoning"
+    )
 
 
 class RequestSpec(_Strict):
     """One request. Exactly one of ``prompt_token_ids``, ``prompt``, ``messages``."""
 
-    id: RequestId
-    prompt_token_ids: list[NonNegativeInt] | None = Field(default=None, min_length=1)
-    prompt: str | None = None
-    messages: list[Message] | None = Field(default=None, min_length=1)
-    max_tokens: NonNegativeInt | None = Field(
-        default=None, description="required at the scheduler tier"
+    id: RequestId = Field(description="request id, unique in the file; expect: names it")
+    prompt_token_ids: list[NonNegativeInt] | None = Field(
+        default=None, min_length=1, description="the prompt as token ids (BOS included if wanted)"
     )
-    ignore_eos: bool = False
-    min_tokens: NonNegativeInt = 0
-    stop_token_ids: list[NonNegativeInt] = Field(default_factory=list)
-    priority: int = 0
+    prompt: str | None = Field(
+        default=None,
+        description="the prompt as text, BOS added; at the scheduler tier tokenized by the "
+        "harness: selectors such as <|answer:5|>, <|think:3|>, <|loop|> and one-token words "
+        "( 5, a, tick) of the scripted model",
+    )
+    messages: list[Message] | None = Field(
+        default=None, min_length=1, description="serve tier: a chat conversation (chat endpoint)"
+    )
+    max_tokens: NonNegativeInt | None = Field(
+        default=None, description="most output tokens (required at the scheduler tier)"
+    )
+    ignore_eos: bool = Field(default=False, description="keep generating past EOS")
+    min_tokens: NonNegativeInt = Field(
+        default=0, description="EOS and stop_token_ids are masked until this many outputs"
+    )
+    stop_token_ids: list[NonNegativeInt] = Field(
+        default_factory=list, description="token ids that stop the request (kept in the output)"
+    )
+    priority: int = Field(
+        default=0, description="scheduling_policy priority: lower values are scheduled first"
+    )
     at_step: NonNegativeInt = Field(
         default=0, description="scheduler tier: added just before step at_step + 1"
     )
     # serve tier
-    endpoint: Literal["completions", "chat"] | None = None
+    endpoint: Literal["completions", "chat"] | None = Field(
+        default=None, description="serve tier: /v1/completions or /v1/chat/completions"
+    )
     model: str | None = Field(
         default=None, description="serve tier: the body's model (default: the served name)"
     )
-    stream: bool = False
-    stream_options: dict[str, bool] | None = None
-    at_ms: NonNegativeFloat | None = None
-    repeat: PositiveInt = 1
-    concurrency: PositiveInt | None = None
-    max_completion_tokens: NonNegativeInt | None = None
+    stream: bool = Field(default=False, description="serve tier: stream server-sent events")
+    stream_options: dict[str, bool] | None = Field(
+        default=None, description="serve tier: e.g. {include_usage: true}"
+    )
+    at_ms: NonNegativeFloat | None = Field(
+        default=None, description="serve tier: send this many ms after the run starts"
+    )
+    repeat: PositiveInt = Field(
+        default=1, description="serve tier: send this many copies (id#k), compared one by one"
+    )
+    concurrency: PositiveInt | None = Field(
+        default=None, description="serve tier: most copies outstanding at once (default: all)"
+    )
+    max_completion_tokens: NonNegativeInt | None = Field(
+        default=None, description="serve tier: chat's max_tokens spelling"
+    )
     n: PositiveInt | None = Field(
         default=None, description="serve tier: choices per request (each compared by index)"
     )
-    temperature: NonNegativeFloat | None = None
-    top_p: PositiveFloat | None = None
-    top_k: int | None = None
-    min_p: NonNegativeFloat | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: PositiveFloat | None = None
-    stop: str | list[str] | None = None
-    include_stop_str_in_output: bool | None = None
-    skip_special_tokens: bool | None = None
-    logprobs: bool | NonNegativeInt | None = None
-    top_logprobs: NonNegativeInt | None = None
-    echo: bool | None = None
-    return_token_ids: bool | None = None
-    include_reasoning: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    temperature: NonNegativeFloat | None = Field(
+        default=None, description="serve tier: sampling temperature (0: greedy)"
+    )
+    top_p: PositiveFloat | None = Field(default=None, description="serve tier: nucleus mass")
+    top_k: int | None = Field(
+        default=None, description="serve tier: sample from the k best (-1 or 0: all)"
+    )
+    min_p: NonNegativeFloat | None = Field(
+        default=None, description="serve tier: drop tokens below min_p x the best probability"
+    )
+    seed: int | None = Field(default=None, description="serve tier: per-request sampling seed")
+    presence_penalty: float | None = Field(default=None, description="serve tier: sampling")
+    frequency_penalty: float | None = Field(default=None, description="serve tier: sampling")
+    repetition_penalty: PositiveFloat | None = Field(
+        default=None, description="serve tier: sampling (1: none)"
+    )
+    stop: str | list[str] | None = Field(
+        default=None, description="serve tier: stop strings (cut from the text)"
+    )
+    include_stop_str_in_output: bool | None = Field(
+        default=None, description="serve tier: keep the stop string in the text"
+    )
+    skip_special_tokens: bool | None = Field(
+        default=None, description="serve tier: leave special tokens out of the text"
+    )
+    logprobs: bool | NonNegativeInt | None = Field(
+        default=None, description="serve tier: completions: top-k count; chat: true/false"
+    )
+    top_logprobs: NonNegativeInt | None = Field(
+        default=None, description="serve tier: chat: alternatives per token"
+    )
+    echo: bool | None = Field(
+        default=None, description="serve tier: completions: prepend the prompt to the text"
+    )
+    return_token_ids: bool | None = Field(
+        default=None, description="serve tier: the server returns prompt and output token ids"
+    )
+    include_reasoning: bool | None = Field(
+        default=None, description="serve tier: chat: return the reasoning part"
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="serve tier: chat template variables, e.g. enable_thinking"
+    )
 
 
 SCHEDULER_REQUEST_KEYS = frozenset(
@@ -165,14 +241,22 @@ SCHEDULER_REQUEST_KEYS = frozenset(
 class LimitsSpec(_Strict):
     """Bounds that turn a hang into a verdict."""
 
-    max_steps: PositiveInt = 1000
+    max_steps: PositiveInt = Field(
+        default=1000, description="scheduler tier: stop after this many steps (unfinished)"
+    )
     stall_steps: PositiveInt = Field(
         default=50, description="no progress for this many steps = wedged"
     )
     # serve tier
-    startup_timeout_s: PositiveFloat | None = None
-    request_timeout_s: PositiveFloat | None = None
-    stall_s: PositiveFloat | None = None
+    startup_timeout_s: PositiveFloat | None = Field(
+        default=None, description="serve tier: seconds a server may take to become healthy"
+    )
+    request_timeout_s: PositiveFloat | None = Field(
+        default=None, description="serve tier: seconds a request may take from its send"
+    )
+    stall_s: PositiveFloat | None = Field(
+        default=None, description="serve tier: seconds without progress = a stall"
+    )
     latency_tolerance_ms: PositiveFloat | None = Field(
         default=None,
         description="serve tier: compare time to first token and end within this many ms "
@@ -188,38 +272,79 @@ class LimitsSpec(_Strict):
     )
 
 
+_ID_MAP = "request id -> "
+
+
 class StepExpect(_Strict):
     """Expected fields of one StepTrace (each compared whole; unset fields are not checked)."""
 
-    num_scheduled_tokens: dict[str, int] | None = None
-    scheduled_new_req_ids: list[str] | None = None
-    scheduled_resumed_req_ids: list[str] | None = None
-    scheduled_running_req_ids: list[str] | None = None
-    preempted_req_ids: list[str] | None = None
-    finished: dict[str, FinishReason] | None = None
-    sampled_token_ids: dict[str, list[int]] | None = None
-    block_ids: dict[str, list[int]] | None = None
-    num_computed_tokens: dict[str, int] | None = None
-    running: list[str] | None = None
-    waiting: list[str] | None = None
-    num_free_blocks: int | None = None
+    num_scheduled_tokens: dict[str, int] | None = Field(
+        default=None, description=_ID_MAP + "tokens scheduled this step (scheduled requests only)"
+    )
+    scheduled_new_req_ids: list[str] | None = Field(
+        default=None, description="admitted from the waiting queue this step, in order"
+    )
+    scheduled_resumed_req_ids: list[str] | None = Field(
+        default=None, description="admitted back after a preemption this step, in order"
+    )
+    scheduled_running_req_ids: list[str] | None = Field(
+        default=None, description="already running and scheduled this step, in order"
+    )
+    preempted_req_ids: list[str] | None = Field(
+        default=None, description="preempted during this step's schedule, in order"
+    )
+    finished: dict[str, FinishReason] | None = Field(
+        default=None, description=_ID_MAP + "finish reason, of requests finished this step"
+    )
+    sampled_token_ids: dict[str, list[int]] | None = Field(
+        default=None, description=_ID_MAP + "tokens sampled this step"
+    )
+    block_ids: dict[str, list[int]] | None = Field(
+        default=None, description=_ID_MAP + "KV block ids held after the step (running requests)"
+    )
+    num_computed_tokens: dict[str, int] | None = Field(
+        default=None, description=_ID_MAP + "computed tokens after the step (unfinished requests)"
+    )
+    running: list[str] | None = Field(default=None, description="the running queue, in order")
+    waiting: list[str] | None = Field(default=None, description="the waiting queue, in order")
+    num_free_blocks: int | None = Field(
+        default=None, description="free KV blocks after the step (null block excluded)"
+    )
 
 
 class ExpectSpec(_Strict):
     """What every target must show (checked per target, independently of the diff)."""
 
-    outcome: dict[str, Outcome | ServeOutcome] = Field(default_factory=dict)
-    finish_reason: dict[str, FinishReason] = Field(default_factory=dict)
-    stop_reason: dict[str, int | str | None] = Field(default_factory=dict)
-    num_output_tokens: dict[str, NonNegativeInt] = Field(default_factory=dict)
-    output_token_ids: dict[str, list[int]] = Field(default_factory=dict)
-    num_preemptions: dict[str, NonNegativeInt] = Field(default_factory=dict)
-    finished_at_step: dict[str, PositiveInt] = Field(default_factory=dict)
+    outcome: dict[str, Outcome | ServeOutcome] = Field(
+        default_factory=dict,
+        description=_ID_MAP + "finished / wedged / unfinished / crashed (scheduler tier) or a "
+        "serve-tier outcome (completed, http_error, zero_byte_hang, ...)",
+    )
+    finish_reason: dict[str, FinishReason] = Field(
+        default_factory=dict, description=_ID_MAP + "stop / length / abort / error / repetition"
+    )
+    stop_reason: dict[str, int | str | None] = Field(
+        default_factory=dict,
+        description=_ID_MAP + "the stop token id or stop string (null: EOS or length)",
+    )
+    num_output_tokens: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, description=_ID_MAP + "number of output tokens"
+    )
+    output_token_ids: dict[str, list[int]] = Field(
+        default_factory=dict, description=_ID_MAP + "the output token ids"
+    )
+    num_preemptions: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, description="scheduler tier: " + _ID_MAP + "times preempted"
+    )
+    finished_at_step: dict[str, PositiveInt] = Field(
+        default_factory=dict, description="scheduler tier: " + _ID_MAP + "the step it finished in"
+    )
     wedged_at_step: PositiveInt | None = Field(
-        default=None, description="first step without progress"
+        default=None, description="scheduler tier: first step without progress"
     )
     steps: dict[PositiveInt, StepExpect] = Field(
-        default_factory=dict, description="step number (1-based) -> expected StepTrace fields"
+        default_factory=dict,
+        description="scheduler tier: step number (1-based) -> expected StepTrace fields",
     )
     # serve tier (parity.serve.expect): per target, independently of the diff
     startup: Literal["started", "refused"] | None = Field(
@@ -253,13 +378,24 @@ class ExpectSpec(_Strict):
 class Scenario(_Strict):
     """One scenario file. ``id`` equals the file stem."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=100)
-    description: str = Field(min_length=1)
-    tier: Tier
-    config: ConfigSpec = Field(default_factory=ConfigSpec)
-    requests: list[RequestSpec] = Field(min_length=1)
-    limits: LimitsSpec = Field(default_factory=LimitsSpec)
-    expect: ExpectSpec | None = None
+    id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        max_length=100,
+        description="the scenario id: the file name without .yaml",
+    )
+    description: str = Field(min_length=1, description="what the scenario shows and why")
+    tier: Tier = Field(
+        description="scheduler: in process, step by step; serve: over HTTP; both: each"
+    )
+    config: ConfigSpec = Field(default_factory=ConfigSpec, description="engine arguments")
+    requests: list[RequestSpec] = Field(min_length=1, description="the requests, in order")
+    limits: LimitsSpec = Field(
+        default_factory=LimitsSpec, description="bounds that turn a hang into a verdict"
+    )
+    expect: ExpectSpec | None = Field(
+        default=None,
+        description="what every target must show (parity run --record writes it)",
+    )
 
     _file: str = PrivateAttr(default="<memory>")
     _lines: LineMap = PrivateAttr(default_factory=dict)
