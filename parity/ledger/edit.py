@@ -8,14 +8,13 @@ back (``parse_ledger``) before it replaces the file, atomically.
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
+from parity._roundtrip import dump, round_trip, write_atomic
 from parity.errors import brief
 from parity.ledger.classify import DivergenceRef, parse_ref
 from parity.ledger.schema import (
@@ -67,7 +66,7 @@ def decide(
         raise LedgerError.at(file, None, "a bug needs a link: pass --link URL")
     values: dict[str, Any] = {"decision": decision, "reason": reason, "link": link}
     values |= {"recorded": today or datetime.date.today(), "pin": pin or current_pin()}
-    yaml = _round_trip()
+    yaml = round_trip()
     doc = yaml.load(text)
     entries = _entries_node(doc)
     if index is None:
@@ -76,18 +75,18 @@ def decide(
         if len(entries) and not entries.fa.flow_style():
             # as text after the last entry, so comments trailing the list stay at the end
             out = _insert_after_last_content(
-                text, _dump(yaml, {"entries": [node]}).split("\n", 1)[1]
+                text, dump(yaml, {"entries": [node]}).split("\n", 1)[1]
             )
         else:
             entries.fa.set_block_style()
             entries.append(node)
-            out = _dump(yaml, doc)
+            out = dump(yaml, doc)
     else:
         new_id = str(entries[index]["id"])
         _update_node(entries[index], scope, values)
-        out = _dump(yaml, doc)
+        out = dump(yaml, doc)
     parse_ledger(out, file)  # never write a ledger that does not load back
-    _write_atomic(path, out)
+    write_atomic(path, out)
     return new_id, index is None
 
 
@@ -197,33 +196,3 @@ def _fresh_id(ledger: Ledger, ref: DivergenceRef) -> str:
     while candidate in taken:
         candidate, n = f"{stem}-{n}", n + 1
     return candidate
-
-
-def _round_trip() -> Any:
-    from ruamel.yaml import YAML
-
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 100
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    return yaml
-
-
-def _dump(yaml: Any, doc: Any) -> str:
-    import io
-
-    buffer = io.StringIO()
-    yaml.dump(doc, buffer)
-    return buffer.getvalue()
-
-
-def _write_atomic(path: FsPath, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        FsPath(tmp).unlink(missing_ok=True)
-        raise

@@ -10,11 +10,11 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from parity._roundtrip import write_atomic
 from parity.ledger import DEFAULT_LEDGER, LedgerReport, classify, load_ledger, load_scenarios_for
 from parity.report.html import render_html
 from parity.report.model import ReportData, ReportSchemaError, build_report, report_from_json
@@ -87,7 +87,7 @@ def write_rendered(
         "junit.xml": render_junit(data),
     }
     for name, text in rendered.items():
-        _write_atomic(run_dir / name, text)
+        write_atomic(run_dir / name, text)
     update_latest(out)
     return run_dir
 
@@ -128,18 +128,6 @@ def _remove(path: Path) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_report_input(path: str | os.PathLike[str], *, ledger: str = DEFAULT_LEDGER) -> ReportData:
