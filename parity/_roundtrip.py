@@ -22,7 +22,22 @@ def round_trip() -> Any:
     yaml.preserve_quotes = True
     yaml.width = 100
     yaml.indent(mapping=2, sequence=4, offset=2)
+    yaml.Representer = _representer()
     return yaml
+
+
+def _representer() -> Any:
+    """ruamel's round-trip representer with ``null`` spelled out (it writes ``key:``)."""
+    from ruamel.yaml.representer import RoundTripRepresenter
+
+    class Representer(RoundTripRepresenter):  # type: ignore[misc]
+        pass
+
+    def null(representer: Any, _: None) -> Any:
+        return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+    Representer.add_representer(type(None), null)
+    return Representer
 
 
 def dump(yaml: Any, doc: Any) -> str:

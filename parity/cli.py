@@ -6,6 +6,7 @@ input, 3 a target failed to start when it should have).
 
     parity run PATHS [--tier both|scheduler|serve] [--target A --target B] [-k EXPR]
                [--json FILE] [--junit FILE] [--report DIR] [--ledger FILE]
+               [--record [--record-target T]]
     parity trace SCENARIO --target T [--json]
     parity ledger [--last RESULTS.json]
     parity decide DIVERGENCE_REF --diverge|--mirror|--bug --reason TEXT [--link URL]
@@ -142,6 +143,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     scheduler, serve = _tier_split(args, scenarios)
     specs = args.target or list(DEFAULT_TARGETS)
     ledger = _ledger_of(args, project)  # a missing named ledger is exit 2 before anything runs
+    if args.record:
+        from parity.record import reference_index
+
+        reference_index(specs, args.record_target)  # a bad --record-target is exit 2 up front
     for spec in specs if serve else ():
         parse_target(spec, project)  # a bad spec is exit 2 before anything starts
     targets = [make_target(spec, "scheduler", project) for spec in specs] if scheduler else []
@@ -165,6 +170,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if session is not None:
             session.close()
     elapsed = time.perf_counter() - began
+    if args.record:
+        from parity.record import record_run
+
+        results = record_run(scenarios, results, traces, specs, args.record_target)
     ledger_report = classify(results, ledger, {s.id: s for s in scenarios})
     color = sys.stdout.isatty()
     width = shutil.get_terminal_size((120, 24)).columns if color else 120
@@ -412,6 +421,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 on FLAKY results too (a one-sided stall or timing difference that did "
         "not reproduce when the scenario ran again on fresh servers)",
+    )
+    run.add_argument(
+        "--record",
+        action="store_true",
+        help="write what the reference target showed as each scenario's expect: block",
+    )
+    run.add_argument(
+        "--record-target",
+        help="the target --record reads (default: the second --target, the oracle)",
     )
     run.set_defaults(func=_cmd_run)
 

@@ -13,7 +13,7 @@ from parity.results import ExpectFailure, TargetRun
 from parity.scenario import Scenario
 
 # expect key -> RequestOutcome attribute
-_PER_REQUEST = {
+PER_REQUEST = {
     "outcome": "outcome",
     "finish_reason": "finish_reason",
     "stop_reason": "stop_reason",
@@ -38,15 +38,15 @@ def check_expect(scenario: Scenario, run: TargetRun) -> list[ExpectFailure]:
     failures: list[ExpectFailure] = []
 
     def check(path: tuple[Any, ...], expected: Any, actual: Any) -> None:
-        if _plain(expected) != _plain(actual):
+        if plain(expected) != plain(actual):
             dotted = ".".join(str(p) for p in path)
             failures.append(
                 ExpectFailure(
-                    target, dotted, _plain(expected), _plain(actual), scenario.location(path)
+                    target, dotted, plain(expected), plain(actual), scenario.location(path)
                 )
             )
 
-    for key, attribute in _PER_REQUEST.items():
+    for key, attribute in PER_REQUEST.items():
         for request_id, expected in getattr(expect, key).items():
             outcome = summary.outcomes.get(request_id)
             actual = getattr(outcome, attribute) if outcome is not None else None
@@ -63,9 +63,10 @@ def check_expect(scenario: Scenario, run: TargetRun) -> list[ExpectFailure]:
     return failures
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` as JSON-like data (tuples become lists, keys strings), the form compared."""
     if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     return value

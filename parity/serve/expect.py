@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity.expect import plain
 from parity.results import ExpectFailure
 from parity.scenario import Scenario
 from parity.serve.observe import RequestObservation
@@ -35,7 +36,7 @@ def _num_output_tokens(obs: RequestObservation) -> int | None:
     return len(obs.result.token_ids) if obs.result.token_ids is not None else None
 
 
-_PER_REQUEST: dict[str, Any] = {
+PER_REQUEST: dict[str, Any] = {
     "outcome": lambda o: o.outcome,
     "status": lambda o: o.status,
     "error_param": lambda o: (o.result.error or {}).get("param"),
@@ -57,13 +58,13 @@ def check_serve_expect(scenario: Scenario, run: ServeRun) -> list[ExpectFailure]
     failures: list[ExpectFailure] = []
 
     def check(path: tuple[Any, ...], expected: Any, actual: Any) -> None:
-        if _plain(expected) != _plain(actual):
+        if plain(expected) != plain(actual):
             failures.append(
                 ExpectFailure(
                     run.target,
                     ".".join(str(p) for p in path),
-                    _plain(expected),
-                    _plain(actual),
+                    plain(expected),
+                    plain(actual),
                     scenario.location(path),
                 )
             )
@@ -78,7 +79,7 @@ def check_serve_expect(scenario: Scenario, run: ServeRun) -> list[ExpectFailure]
     if expect.max_model_len is not None:
         advertised = run.facts.max_model_len if run.facts else None
         check(("expect", "max_model_len"), expect.max_model_len, advertised)
-    for key, read in _PER_REQUEST.items():
+    for key, read in PER_REQUEST.items():
         for request_id, expected in getattr(expect, key).items():
             copies = [o for o in run.observations if o.spec_id == request_id]
             if not copies:
@@ -93,11 +94,3 @@ def check_serve_expect(scenario: Scenario, run: ServeRun) -> list[ExpectFailure]
         if preempted is None or preempted < expect.min_preemptions:
             check(("expect", "min_preemptions"), f">= {expect.min_preemptions}", preempted)
     return failures
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
