@@ -44,6 +44,7 @@ _EVENT_FIELDS = (
     "preempted_req_ids",
     "finished",
 )
+_STARTUP = {"started": "started", "startup_refused": "refused"}  # StartupRecord.outcome
 _DROP = object()  # a key two readings disagree on
 
 
@@ -89,12 +90,17 @@ def scheduler_expect(scenario: Scenario, run: TargetRun) -> Recorded:
     return out
 
 
-def serve_expect(scenario: Scenario, run: Any) -> Recorded:
-    """The ``expect:`` values of one serve-tier run (a ``parity.serve.run.ServeRun``)."""
+def serve_expect(scenario: Scenario, run: Any) -> Recorded | None:
+    """The ``expect:`` values of one serve-tier run (a ``parity.serve.run.ServeRun``); None
+    when its server neither started nor refused the config (a timeout or crash: nothing to
+    record)."""
     from parity.serve.expect import PER_REQUEST
 
+    startup = _STARTUP.get(run.startup.outcome)
+    if startup is None:
+        return None
     old = _existing(scenario)
-    out: Recorded = {"startup": "started" if run.startup.started else "refused"}
+    out: Recorded = {"startup": startup}
     numbers = {k: run.startup.numbers.get(k) for k in old.get("startup_numbers", {})}
     if numbers:
         out["startup_numbers"] = numbers
@@ -319,10 +325,11 @@ def record_run(
                 run = traces[scenario.id][index]
                 if run.summary.started:
                     readings.append(scheduler_expect(scenario, run))
-            else:
-                readings.append(serve_expect(scenario, result.runs[index]))
+            elif index < len(result.runs):
+                reading = serve_expect(scenario, result.runs[index])
+                readings += [reading] if reading is not None else []
         if not readings:
-            sys.stderr.write(f"{scenario.file}: not recorded ({specs[index]} did not start)\n")
+            sys.stderr.write(f"{scenario.file}: not recorded ({specs[index]} did not run it)\n")
             continue
         changed = write_expect(scenario, merge(readings))
         state = "recorded" if changed else "unchanged"

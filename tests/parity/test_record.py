@@ -207,7 +207,11 @@ def test_serve_tier_recording_passes_its_own_check(tmp_path: Path) -> None:
         facts=TargetFacts(model_id="scripted", max_model_len=96),
     )
     recorded = serve_expect(scenario, run)
-    assert recorded["startup"] == "started" and recorded["max_model_len"] == 96
+    assert (
+        recorded is not None
+        and recorded["startup"] == "started"
+        and recorded["max_model_len"] == 96
+    )
     assert recorded["text"] == {"r1": " 1 0"} and recorded["status"] == {"r1": 200}
     assert write_expect(scenario, recorded)
     again = load_scenario(path)
@@ -218,6 +222,21 @@ def test_serve_tier_recording_passes_its_own_check(tmp_path: Path) -> None:
         startup=StartupRecord("oracle", "started", port=1),
         observations=(_observation(0, " 1 0"), _observation(1, " 1")),
     )
-    assert "text" not in serve_expect(again, uneven)
-    assert serve_expect(again, uneven)["finish_reason"] == {"r1": "stop"}
+    reading = serve_expect(again, uneven)
+    assert reading is not None and "text" not in reading
+    assert reading["finish_reason"] == {"r1": "stop"}
+    timed_out = ServeRun(target="oracle", startup=StartupRecord("oracle", "startup_timeout"))
+    assert serve_expect(again, timed_out) is None  # neither started nor refused: nothing
+    refused = ServeRun(target="oracle", startup=StartupRecord("oracle", "startup_refused"))
+    assert serve_expect(again, refused) == {"startup": "refused"}
     parse_scenario(path.read_text(encoding="utf-8"), str(path), stem="served")
+
+
+def test_the_readme_example_is_the_bundled_recorded_scenario() -> None:
+    readme = (SCENARIOS.parent / "README.md").read_text(encoding="utf-8")
+    blocks = [b.split("\n", 1)[1] for b in readme.split("```yaml")[1:]]
+    blocks = [b[: b.index("```")] for b in blocks]
+    (example,) = [b for b in blocks if b.startswith("# yaml-language-server") and "id:" in b]
+    (recorded,) = [b for b in blocks if b.startswith("expect:\n  outcome: {a: finished, b:")]
+    bundled = (SCENARIOS / "two-countdowns.yaml").read_text(encoding="utf-8")
+    assert example + recorded == bundled, "keep scenarios/README.md and the file in step"
