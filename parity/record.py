@@ -157,9 +157,9 @@ def _merge_into(out: Recorded, new: Recorded) -> None:
 def _without_drops(node: Recorded) -> Recorded:
     kept = {}
     for key, value in node.items():
-        if isinstance(value, dict):
-            value = _without_drops(value)
-        if value is not _DROP and value != {}:
+        if isinstance(value, dict) and value:
+            value = _without_drops(value) or _DROP  # emptied by drops: nothing agreed on
+        if value is not _DROP:
             kept[key] = value
     return kept
 

@@ -152,6 +152,8 @@ def test_tiers_that_disagree_leave_the_key_out() -> None:
         "status": {"r1": 200},
     }
     assert merge([scheduler, serve]) == {"finish_reason": {"r1": "length"}, "status": {"r1": 200}}
+    idle = {"steps": {47: {"num_scheduled_tokens": {}}}}  # an empty value is a value
+    assert merge([idle]) == idle
 
 
 SERVE = """\
