@@ -131,7 +131,9 @@ def build(variant: str, out: str | os.PathLike[str], seed: int = 0) -> dict[str,
     """Write a model folder to ``out`` and return {file name: sha256 hex} of what was written.
 
     ``seed`` only affects the random variant. Each file is written to a temporary name and
-    renamed, so an interrupted build never leaves a truncated checkpoint behind.
+    renamed, so an interrupted build never leaves a truncated checkpoint behind; the name is
+    the process's own, so processes building one folder at once (pytest-xdist workers) do not
+    rename each other's files (the bytes are the same, the last rename wins).
     """
     files = model_files(variant, seed)
     folder = Path(out)
@@ -139,7 +141,7 @@ def build(variant: str, out: str | os.PathLike[str], seed: int = 0) -> dict[str,
     digests: dict[str, str] = {}
     # model.safetensors last: its mtime is what `make model` checks.
     for name, data in sorted(files.items(), key=lambda item: item[0] == SAFETENSORS_NAME):
-        partial = folder / f".{name}.partial"
+        partial = folder / f".{name}.{os.getpid()}.partial"
         partial.write_bytes(data)
         partial.replace(folder / name)
         digests[name] = hashlib.sha256(data).hexdigest()
