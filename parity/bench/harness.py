@@ -46,7 +46,8 @@ WEDGE_CASES = (
         {"block_size": 32, "num_gpu_blocks_override": 3, "max_model_len": 96},
         96 - len(WEDGE_PROMPT),
     ),
-    # Upstream with the check disabled: 1 usable block, 30 tokens, then nothing (oracle-cpu.md).
+    # Upstream with the check disabled: 1 usable block, 30 tokens, then nothing
+    # (docs/oracle-on-cpu.md).
     WedgeCase(
         "oracle[unchecked]",
         {"block_size": 32, "num_gpu_blocks_override": 2, "max_model_len": 2048},

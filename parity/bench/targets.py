@@ -1,4 +1,4 @@
-"""The speed targets the benchmark prints against (issue 8 item 4; issue 5's acceptance).
+"""The speed targets the benchmark prints against (the acceptance numbers of the serve tier).
 
 Each line is pass / fail / not measured in the results table; nothing here is asserted in a
 test (the numbers depend on the machine and its load).
