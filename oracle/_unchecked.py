@@ -7,8 +7,8 @@ EngineCore included. It replaces ``_check_enough_kv_cache_memory`` of
 ``get_kv_cache_configs``) with a function that only logs, right after that module is imported.
 
 With it, a config such as ``--num-gpu-blocks-override 2 --block-size 32 --max-model-len 2048``
-starts, and the port's self-preemption wedge (mission.md) can be reproduced on upstream over
-HTTP. Targets started this way are labelled ``oracle[unchecked]``: never use it for parity.
+starts, and the port's self-preemption wedge (docs/failure-classes.md) can be reproduced on upstream
+over HTTP. Targets started this way are labelled ``oracle[unchecked]``: never use it for parity.
 """
 
 from __future__ import annotations

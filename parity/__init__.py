@@ -1,6 +1,6 @@
 """The parity harness: scenarios, targets, observers, differ, ledger, reports.
 
-The public surface of the scheduler tier (issue 4) is re-exported here; modules whose names
+The public surface of the scheduler tier is re-exported here; modules whose names
 start with ``_`` are private.
 """
 

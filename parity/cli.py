@@ -259,7 +259,7 @@ def _exit_code(results: list, ledger_report: object, startup_failed: Callable) -
 
 
 def _junit(report: Any, ledger_report: Any) -> str:
-    """JUnit XML of the run (``parity.report``'s rendering, issue 8)."""
+    """JUnit XML of the run (``parity.report``'s rendering)."""
     from parity.report import build_report, render_junit
 
     return str(render_junit(build_report(report, ledger_report)))

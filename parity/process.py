@@ -1,10 +1,11 @@
 """Server subprocesses the harness starts: launch, bounded health wait, reap the whole group.
 
 Every process is started in the caller's session with a new process group (``process_group=0``),
-never a new session (on 2-core machines a new session starves vLLM's API server: oracle-cpu.md),
-and is reaped with ``os.killpg``: SIGTERM, a grace period, then SIGKILL. ``stop`` records whether
-SIGTERM sufficed and how long the exit took, because a server that survives SIGTERM is a finding
-(mission.md: the port's wedged server outlived SIGTERM by 53 minutes).
+never a new session (on 2-core machines a new session starves vLLM's API server:
+docs/oracle-on-cpu.md), and is reaped with ``os.killpg``: SIGTERM, a grace period, then SIGKILL.
+``stop`` records whether SIGTERM sufficed and how long the exit took, because a server that survives
+SIGTERM is a finding (docs/failure-classes.md: the port's wedged server outlived SIGTERM by 53
+minutes).
 
 Nothing started here outlives the harness: Ctrl-C (SIGINT, ``KeyboardInterrupt``) unwinds
 through the callers' ``with`` blocks, then an ``atexit`` hook reaps whatever is still

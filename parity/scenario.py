@@ -2,7 +2,7 @@
 
 A scenario is one YAML file whose ``id`` is its file stem. The core keys (scheduler tier):
 ``id, description, tier, config, requests, limits, expect``. ``config`` uses vLLM's engine-arg
-names (underscored). The serve-tier keys (issue 6: ``endpoint``, ``stream``, sampling fields,
+names (underscored). The serve-tier keys (``endpoint``, ``stream``, sampling fields,
 ``at_ms``, ``repeat`` / ``concurrency``, ``model``, ``reasoning_parser``, ``extra_args``, time
 limits, tolerances) are accepted and optional here; ``parity.loader`` rejects them in a
 scheduler-only scenario. Serve-tier ``expect:`` keys (``startup``, ``startup_numbers``,

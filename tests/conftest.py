@@ -76,3 +76,34 @@ def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def random_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The random-weights variant (same architecture and tokenizer)."""
     return _model_dir("random", tmp_path_factory)
+
+
+# -- the time report: the ten slowest tests and the time per test folder ------------------------
+
+_TIMES: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum setup, call and teardown per test (a module-scoped server counts in its first test)."""
+    _TIMES[report.nodeid] = _TIMES.get(report.nodeid, 0.0) + report.duration
+
+
+def _folder(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[0]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the suite's time went: printed at the end of every run that timed a test."""
+    if not _TIMES:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("time per test folder")
+    folders: dict[str, list[float]] = {}
+    for nodeid, took in _TIMES.items():
+        folders.setdefault(_folder(nodeid), []).append(took)
+    for folder, times in sorted(folders.items(), key=lambda kv: -sum(kv[1])):
+        write(f"{sum(times):8.1f} s  {len(times):5d} tests  {folder}")
+    write(f"{sum(_TIMES.values()):8.1f} s  {len(_TIMES):5d} tests  (sum)")
+    terminalreporter.section("ten slowest tests")
+    for nodeid, took in sorted(_TIMES.items(), key=lambda kv: -kv[1])[:10]:
+        write(f"{took:8.1f} s  {nodeid}")

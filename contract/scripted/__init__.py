@@ -4,6 +4,6 @@
   ``next_token``); ``weights``: the constructed weights; ``tokenizer``: the tokenizer files;
   ``builder``: ``build(variant, out, seed)`` writes a model folder.
 
-Docs: scripted-model.md. Submodules are imported explicitly (the builder's random variant needs
+Docs: docs/scripted-model.md. Submodules are imported explicitly (the builder's random variant needs
 torch; nothing else does).
 """

@@ -1,4 +1,4 @@
-"""The script of the scripted test model, in pure Python (docs: scripted-model.md, "The script").
+"""The script of the scripted test model, in pure Python (docs/scripted-model.md, "The script").
 
 Upstream: none for the script itself. ``expected`` follows vLLM's stop rules at the pin:
 ``vllm/v1/core/sched/utils.py:98-127`` (``check_stop``: EOS unless ignore_eos, then

@@ -1,4 +1,4 @@
-"""Tokenizer files of the scripted test model (docs: scripted-model.md, "Tokenizer").
+"""Tokenizer files of the scripted test model (docs/scripted-model.md, "Tokenizer").
 
 Upstream: none; the files follow the Hugging Face layout that transformers' ``AutoTokenizer``
 (``TokenizersBackend``, alias ``PreTrainedTokenizerFast``) and vLLM load: ``tokenizer.json``

@@ -1,4 +1,4 @@
-"""Token ids and strings of the scripted test model (docs: scripted-model.md, "Tokenizer").
+"""Token ids and strings of the scripted test model (docs/scripted-model.md, "Tokenizer").
 
 Upstream: none; this is the vocabulary of our own test checkpoint, a byte-level BPE in the
 GPT-2 style (the layout of ``tokenizer.json`` that ``tokenizers`` and vLLM read).

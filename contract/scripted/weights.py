@@ -1,4 +1,4 @@
-"""Constructed weights that realise the script (docs: scripted-model.md, "Construction").
+"""Constructed weights that realise the script (docs/scripted-model.md, "Construction").
 
 Upstream: the tensor names and shapes are those of transformers' ``LlamaForCausalLM``
 (``transformers/models/llama/modeling_llama.py``) and vLLM's ``vllm/model_executor/models/

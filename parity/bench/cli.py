@@ -5,7 +5,8 @@
 
 Phases: serve (engine vs oracle servers, interleaved, fresh process per repetition), scheduler
 (step time vs upstream's scheduler; differential examples/s), harness (wedge verdict latency;
-default-suite wall time from ``reports/last-run.json``). ``--quick`` is one repetition with small
+the default suite's wall time per tier, measured here; the time from ``git clone`` to the
+``make parity`` verdict, measured in a scratch clone: ``parity.bench.suite``). ``--quick`` is one repetition with small
 loads and workloads, and times the wedge only on a target that is cheap to start (our engine's
 legacy-capacity mode), for the smoke test. The exit status is 0 when every phase measured what
 it set out to (targets may still fail: they are results, not errors), 1 otherwise.
@@ -26,11 +27,12 @@ from typing import Any
 
 import psutil
 
-from parity.bench.harness import WEDGE_CASES, default_suite, wedge_latency
+from parity.bench.harness import WEDGE_CASES, wedge_latency
 from parity.bench.loads import FULL_LOADS, QUICK_LOADS
 from parity.bench.progress import BenchProgress
 from parity.bench.report import SCHEMA, VERDICT, update_latest, write_run
 from parity.bench.serve import default_config, run_serve_tier
+from parity.bench.suite import SUITE_TIERS, default_suite, fresh_clone
 from parity.bench.targets import evaluate
 from parity.project import current_project
 from parity.serve.targets import server_flags
@@ -61,6 +63,11 @@ def make_parser() -> argparse.ArgumentParser:
         "--differential-examples", type=int, default=None, help="default 300 (quick: 20)"
     )
     parser.add_argument("--no-progress", action="store_true", help="plain lines instead of bars")
+    parser.add_argument(
+        "--no-clone",
+        action="store_true",
+        help="skip the fresh-clone-to-verdict measurement (minutes)",
+    )
     return parser  # fmt: skip
 
 
@@ -140,9 +147,20 @@ def _harness(args: argparse.Namespace, plan: dict[str, Any], progress: BenchProg
     elif "error" in wedge:
         errors.append(f"harness: wedge: {wedge['error']}")
     progress.advance()
-    suite = default_suite()
+    tiers = ("scheduler",) if args.quick else SUITE_TIERS  # quick: the tier without servers
+    progress.notify(f"default suite, engine vs oracle: {', '.join(tiers)}")
+    suite = default_suite(logs, tiers=tiers)
+    if "error" in suite:
+        errors.append(f"harness: default suite: {suite['error']}")
     progress.advance()
-    return {"wedge": wedge, "default_suite": suite}
+    clone: dict[str, Any] = {"elapsed_s": None, "note": "skipped (--quick or --no-clone)"}
+    if not (args.quick or args.no_clone):
+        progress.notify("git clone + make parity in a scratch folder")
+        clone = fresh_clone(logs)
+        if "error" in clone:
+            errors.append(f"harness: fresh clone: {clone['error']}")
+    progress.advance()
+    return {"wedge": wedge, "default_suite": suite, "fresh_clone": clone}
 
 
 def run(args: argparse.Namespace, progress: BenchProgress, run_dir: Path) -> dict[str, Any]:
@@ -189,7 +207,7 @@ def _total_units(args: argparse.Namespace) -> int:
     if "scheduler" in args.only:
         total += 2 + 2 * (1 if args.quick else 2)
     if "harness" in args.only:
-        total += 2
+        total += 3
     return total
 
 

@@ -1,5 +1,5 @@
-"""Harness tier of the benchmark: how fast the harness turns a wedge into a verdict, and how
-long the default parity suite takes.
+"""Harness tier of the benchmark: how fast the harness turns a wedge into a verdict (the suite's
+wall time and the fresh-clone time are measured in ``parity.bench.suite``).
 
 Wedge verdict latency: a server where one streaming request (the prompt ``[BOS, <|answer:20|>,
 <|think:3|>]``, ignore_eos) outgrows a KV pool its startup check should have refused, is
@@ -11,16 +11,10 @@ check disabled, test-only; block size 32, 2 blocks, M 2048: 30 tokens, then noth
 request goes through ``parity.serve`` with its default stall bound; the latency is from the
 last progress (last byte, or last change of the server's token counter) to the verdict (the
 observation returned, evidence sampled). Each sample is one request on the same server.
-
-Default-suite wall time: ``reports/last-run.json``'s ``elapsed_s`` (written by ``make
-parity``) when that file records a whole default-suite run (every scenario of
-``scenarios/scheduler`` against the oracle); otherwise "not measured", saying why.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +24,7 @@ from contract.scripted import vocab
 from parity.bench.stats import median, rounded
 from parity.serve import ServeLimits, ServerConfig, ServeRequestSpec, ServerPool, run_serve
 from parity.serve.observe import STALL_OUTCOMES
-from parity.serve.spec import DEFAULT_STALL_S, ROOT
+from parity.serve.spec import DEFAULT_STALL_S
 
 WEDGE_PROMPT = (vocab.BOS, vocab.answer_selector(20), vocab.think_selector(3))
 
@@ -52,7 +46,8 @@ WEDGE_CASES = (
         {"block_size": 32, "num_gpu_blocks_override": 3, "max_model_len": 96},
         96 - len(WEDGE_PROMPT),
     ),
-    # Upstream with the check disabled: 1 usable block, 30 tokens, then nothing (oracle-cpu.md).
+    # Upstream with the check disabled: 1 usable block, 30 tokens, then nothing
+    # (docs/oracle-on-cpu.md).
     WedgeCase(
         "oracle[unchecked]",
         {"block_size": 32, "num_gpu_blocks_override": 2, "max_model_len": 2048},
@@ -60,8 +55,6 @@ WEDGE_CASES = (
     ),
 )
 WEDGE_LIMITS = ServeLimits(startup_timeout_s=300.0, request_timeout_s=60.0, stall_s=DEFAULT_STALL_S)
-LAST_RUN = ROOT / "reports" / "last-run.json"
-SUITE_DIR = ROOT / "scenarios" / "scheduler"  # what `make parity` runs
 
 Notify = Callable[[str], None]
 
@@ -142,38 +135,3 @@ def wedge_latency(
                 "tried": tried,
             }
     return {"error": "no candidate target wedged", "tried": tried}
-
-
-def default_suite(last_run: Path = LAST_RUN, suite_dir: Path = SUITE_DIR) -> dict[str, Any]:
-    """The default suite's wall time from ``make parity``'s last run, if that file is one: a
-    run of every scenario in ``suite_dir`` on both targets with a top-level ``elapsed_s``
-    (a partial or engine-only run written by someone's ad-hoc ``parity run`` does not count)."""
-    shown = _show(last_run)
-    if not last_run.exists():
-        return {"elapsed_s": None, "note": f"{shown} does not exist"}
-    try:
-        data = json.loads(last_run.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return {"elapsed_s": None, "note": f"{shown}: {exc}"}
-    if not isinstance(data, dict):
-        return {"elapsed_s": None, "note": f"{shown} is not a run report"}
-    value = data.get("elapsed_s")
-    if not isinstance(value, int | float):
-        return {"elapsed_s": None, "note": f"{shown} has no elapsed_s"}
-    expected = len(list(suite_dir.glob("*.yaml")))
-    ran = len(data.get("results") or [])
-    targets = [str(t) for t in data.get("targets") or []]
-    written = dt.datetime.fromtimestamp(last_run.stat().st_mtime).isoformat(timespec="seconds")
-    if ran < expected or not any("oracle" in t for t in targets):
-        note = (f"{shown} ({written}) is not a default-suite run: {ran} of {expected} "
-                f"scenarios, targets {', '.join(targets) or 'none'}")  # fmt: skip
-        return {"elapsed_s": None, "note": note}
-    return {"elapsed_s": round(float(value), 2), "note": f"{shown}, written {written}",
-            "scenarios": ran, "targets": targets}  # fmt: skip
-
-
-def _show(path: Path) -> str:
-    try:
-        return str(path.relative_to(ROOT))
-    except ValueError:
-        return str(path)

@@ -142,8 +142,21 @@ def _harness_lines(harness: dict[str, Any]) -> list[str]:
     for tried in wedge.get("tried", []):
         lines.append(f"  - tried `{tried['target']}`: {tried['outcome']}: {tried['error']}")
     suite = harness.get("default_suite") or {}
+    for tier, run in (suite.get("tiers") or {}).items():
+        lines.append(
+            f"- Default suite, {tier} tier: {run['elapsed_s']:.1f} s, exit "
+            f"{run['returncode']}, load {run['loadavg_before']} -> {run['loadavg_after']}"
+        )
     shown = "not measured" if suite.get("elapsed_s") is None else f"{suite['elapsed_s']:.0f} s"
-    lines += [f"- Default suite wall time: {shown} ({suite.get('note', '')})", ""]
+    lines.append(f"- Default suite wall time: {shown} {suite.get('error', '')}".rstrip())
+    clone = harness.get("fresh_clone") or {}
+    shown = "not measured" if clone.get("elapsed_s") is None else f"{clone['elapsed_s']:.0f} s"
+    detail = (
+        clone.get("error")
+        or clone.get("note")
+        or (f"load {clone.get('loadavg_before')} -> {clone.get('loadavg_after')}")
+    )
+    lines += [f"- git clone to the make parity verdict: {shown} ({detail})", ""]
     return lines
 
 

@@ -1,4 +1,4 @@
-"""Reports of a parity run (issue 8): ``index.html`` (self-contained, with stream timelines
+"""Reports of a parity run: ``index.html`` (self-contained, with stream timelines
 and step charts), ``report.md``, ``results.json`` (schema: ``SCHEMA.md`` beside this file) and
 ``junit.xml``, plus ``parity report`` (re-render, ``--compare``).
 

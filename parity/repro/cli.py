@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _refuse_file_commands(repro: Any) -> None:
-    """A repro file's ``targets:`` must not run a command of its choosing (issue 9 item 6)."""
+    """A repro file's ``targets:`` must not run a command of its choosing without an opt-in."""
     from parity.errors import ScenarioError
     from parity.serve.targets import file_target_problem
 

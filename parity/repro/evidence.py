@@ -8,7 +8,7 @@
   PATH (it is not a dependency; otherwise the record says so).
 - ``sigterm``: SIGTERM to the server's process group while the wedged request is still
   outstanding, ``sigterm_grace_s`` to exit, then SIGKILL (``ServerHandle.stop``); ``/health``
-  is sampled meanwhile. The port's wedged server survived SIGTERM (mission.md).
+  is sampled meanwhile. The port's wedged server survived SIGTERM (docs/failure-classes.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Pure formatting of repro results: console verdicts, the summary, the Markdown record.
 
 Every function returns a string (the CLI prints or writes it). The Markdown record follows the
-port's record (mission.md): a legs table (leg, target, flags, result, time), then the evidence
-per leg and target (outcome, bytes and tokens, last progress and verdict times, ``/health``
+port's record (docs/failure-classes.md): a legs table (leg, target, flags, result, time), then the
+evidence per leg and target (outcome, bytes and tokens, last progress and verdict times, ``/health``
 during the wedge, metrics at the wedge, the scheduler dump's explanation, the stack dump,
 SIGTERM, the server log tail) and the divergences between targets with their signatures.
 """

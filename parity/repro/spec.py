@@ -1,9 +1,9 @@
 """Repro files (``scenarios/hangs/*.repro.yaml``): the schema and the loader.
 
-A repro is a hang report written as legs, like the port's record (mission.md): a control leg
-that completes and the suspected wedge, each with its own server config, requests, limits and
-expected outcome per target. The ``.repro.yaml`` suffix keeps ``parity run`` from treating the
-files as scenarios. Keys::
+A repro is a hang report written as legs, like the port's record (docs/failure-classes.md): a
+control leg that completes and the suspected wedge, each with its own server config, requests,
+limits and expected outcome per target. The ``.repro.yaml`` suffix keeps ``parity run`` from
+treating the files as scenarios. Keys::
 
     id: port-wedge-serve                 # equals the file name without .repro.yaml
     description: ...

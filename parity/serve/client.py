@@ -16,8 +16,9 @@ decides, every ``tick``, whether the request
 - ran out of ``request_timeout_s`` while still progressing (``timeout``).
 
 Every wait here is bounded. Upstream: the client side of vLLM's OpenAI server
-(``vllm/entrypoints/openai/*/serving.py`` at the pin) and the taxonomy of field.md (guidellm's
-incomplete, Jepsen's indeterminate ``:info``, ``vllm bench`` #51030's socket read timeout).
+(``vllm/entrypoints/openai/*/serving.py`` at the pin) and the taxonomy of docs/failure-classes.md
+(guidellm's incomplete, Jepsen's indeterminate ``:info``, the socket read timeout of vLLM PR
+#51030).
 """
 
 from __future__ import annotations

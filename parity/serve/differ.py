@@ -45,9 +45,9 @@ Normalised away (they must not count): ids, ``created``, ``system_fingerprint``,
 keys when only one side was asked for them (the harness asks only targets that accept
 ``return_token_ids``), ``null`` versus
 an absent key (upstream serialises chunks with ``exclude_unset``, so explicitly passed ``None``
-fields appear as ``null`` only sometimes: upstream-vllm-spec.md B6.4), SSE chunk boundaries
-(text and token ids are compared concatenated; frames that carry no text, role, finish or usage,
-e.g. a lone ``<think>`` token's ``token_ids``, are left out of the kind sequence), and timing
+fields appear as ``null`` only sometimes: docs/upstream-behaviour.md, "SSE framing"), SSE chunk
+boundaries (text and token ids are compared concatenated; frames that carry no text, role, finish or
+usage, e.g. a lone ``<think>`` token's ``token_ids``, are left out of the kind sequence), and timing
 unless a tolerance is set. Chunk boundaries move with load: upstream's output collector merges
 the outputs a slow consumer has not read into one delta, and then its deepseek_r1 streaming
 parser keeps the ``<think>`` text of a delta that starts reasoning with more tokens

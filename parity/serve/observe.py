@@ -17,8 +17,8 @@ stop_reason, usage, token ids, text, reasoning vs content, error body) and its o
 - ``crashed``: the server process died while the request was outstanding.
 
 "Nothing progressed" means no byte delivered to this request and the server's
-``vllm:generation_tokens_total`` unchanged (field.md: detect stalls by delivery, not a long
-fixed timeout; a non-streaming request that is generating is not a hang).
+``vllm:generation_tokens_total`` unchanged (docs/failure-classes.md: detect stalls by delivery, not
+a long fixed timeout; a non-streaming request that is generating is not a hang).
 
 Upstream formats: SSE framing and chunk shapes of ``vllm/entrypoints/openai/chat_completion/
 serving.py`` and ``completion/serving.py``; metric names of ``vllm/v1/metrics/loggers.py``

@@ -5,7 +5,7 @@ These are plain frozen dataclasses so the serve tier can run without a scenario 
 Only keys the scenario sets explicitly (pydantic ``model_fields_set``) become server flags or
 request-body fields: an absent key tests the server's own default (``max_tokens`` absent tests
 upstream's default of 16 for completions and ``max_model_len - prompt_len`` for chat:
-upstream-vllm-spec.md B6.1).
+docs/upstream-behaviour.md, "Default and clamped max_tokens").
 
 Upstream: the request bodies are vLLM's OpenAI protocol
 (``vllm/entrypoints/openai/completion/protocol.py``, ``chat_completion/protocol.py`` at the pin);

@@ -9,7 +9,7 @@ Two tiers share the base protocol:
 - ``SchedulerTarget`` (tier ``scheduler``): advanced one scheduler step at a time; each step
   returns the ``StepTrace`` it observed. Targets: ``engine`` (our ``EngineCore`` with the
   scripted fake runner), ``oracle`` (upstream's ``Scheduler`` through ``oracle.scheduler_adapter``).
-- serve-tier targets (issue 6: ``engine`` / ``oracle`` servers, ``external:<command>``) will add
+- serve-tier targets (``engine`` / ``oracle`` servers, ``external:<command>``) will add
   their own protocol on the same base (``tier = "serve"``), registered in ``parity.targets``.
 """
 

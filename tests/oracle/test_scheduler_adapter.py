@@ -1,6 +1,6 @@
 """The pinned upstream Scheduler, driven by oracle.scheduler_adapter with the scripted runner.
 
-Expected numbers come from upstream-vllm-spec.md (C2) and oracle-cpu.md; token streams come
+Expected numbers come from docs/upstream-behaviour.md and docs/oracle-on-cpu.md; token streams come
 from ``contract.scripted.script.expected``; where a number is derived from the spec's reasoning
 the derivation is written next to it. Steps are 1-based (``StepTrace.step``).
 """
@@ -34,7 +34,7 @@ def _run(adapter: ModuleType, requests: list[dict[str, Any]], max_steps: int, co
     return adapter.run(requests, max_steps, **config)
 
 
-# -- the port's wedge and its controls (oracle-cpu.md, "Scheduler tier") -------------------------
+# -- the port's wedge and its controls (docs/oracle-on-cpu.md, "Scheduler tier") -------------
 
 
 def test_port_wedge_bs16_four_blocks(adapter, make_config, make_request, trace_tools) -> None:
@@ -48,7 +48,7 @@ def test_port_wedge_bs16_four_blocks(adapter, make_config, make_request, trace_t
     assert len(tokens) == 46  # 3 + 45 = 48 slots = 3 usable blocks of 16
     assert tokens == script.expected(WEDGE_PROMPT, 56, ignore_eos=True)[:46]
     # Step 47 needs slot 49, a 4th block: the sole running request preempts itself.
-    # (oracle-cpu.md's "preemption at step 46" counts steps from 0.)
+    # (docs/oracle-on-cpu.md's "preemption at step 46" counts steps from 0.)
     assert trace_tools.steps(traces, lambda t: bool(t.preempted_req_ids)) == [47]
     assert traces[46].preempted_req_ids == ("r1",)
     assert trace_tools.steps(traces, lambda t: not t.is_idle) == list(range(1, 47))

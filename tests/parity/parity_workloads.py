@@ -1,4 +1,4 @@
-"""Random scheduler-tier workloads for the differential property test (issue 4 item 7).
+"""Random scheduler-tier workloads for the differential property test.
 
 ``workloads()`` draws a whole ``Scenario``: 1-8 requests (prompt lengths 1-80, some sharing a
 prefix of one or two blocks or an odd length), max_tokens, min_tokens, ignore_eos,

@@ -1,4 +1,4 @@
-"""Differential bad-input suite (issue 9, item 2): our engine server against the pinned oracle.
+"""Differential bad-input suite: our engine server against the pinned oracle.
 
 Both servers serve the scripted model with the same flags (``--block-size 32 --max-model-len
 128 --served-model-name scripted --enforce-eager --no-async-scheduling --dtype float32``), one

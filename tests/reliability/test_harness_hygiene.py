@@ -1,4 +1,4 @@
-"""Harness hygiene (issue 9, item 5): nothing the harness starts outlives it, its temp folders go
+"""Harness hygiene: nothing the harness starts outlives it, its temp folders go
 with it, and concurrent pools never share a port.
 
 - A driver (``ServerPool`` + ``run_requests`` against an engine server, in a subprocess of its

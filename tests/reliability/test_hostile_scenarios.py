@@ -1,4 +1,4 @@
-"""Hostile scenario files (issue 9, item 6): rejected with ``file:line: message``, exit 2, fast,
+"""Hostile scenario files: rejected with ``file:line: message``, exit 2, fast,
 in bounded memory, loaded safely, and never a way to run a command.
 
 Three layers: named hostile documents (alias bombs, deep nesting, invalid UTF-8, huge numbers,

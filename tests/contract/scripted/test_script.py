@@ -1,4 +1,4 @@
-"""The pure-Python script (contract/scripted/script.py) against scripted-model.md's tables."""
+"""The pure-Python script (contract/scripted/script.py) against docs/scripted-model.md's tables."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The oracle side is ``oracle.scheduler_adapter.run`` (upstream's real ``Scheduler`` with the same
 scripted fake model). This is a small fixed set plus a short random sweep; the full differential
-suite lives in tests/parity (issue 4).
+suite lives in tests/parity.
 """
 
 from __future__ import annotations

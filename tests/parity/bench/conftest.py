@@ -89,6 +89,7 @@ def make_results() -> Callable[..., dict[str, Any]]:
         examples_per_s: float | None = 40.0,
         wedge_s: float | None = 2.1,
         suite_s: float | None = None,
+        clone_s: float | None = None,
     ) -> dict[str, Any]:
         loads = []
         for name, role, (eng, ora) in (("1x256", "single", single), ("32x128", "high", high)):
@@ -133,7 +134,12 @@ def make_results() -> Callable[..., dict[str, Any]]:
                               "examples": 10, "wall_s": 1.0, "cpu_s": 0.9,
                               "examples_per_s": examples_per_s, "examples_per_cpu_s": 50.0,
                               "statuses": {"pass": 10}, "divergences": []}},
-            "harness": {"wedge": wedge, "default_suite": {"elapsed_s": suite_s, "note": "n"}},
+            "harness": {"wedge": wedge,
+                        "default_suite": {"elapsed_s": suite_s, "tiers": {} if suite_s is None else
+                                          {"serve": {"elapsed_s": suite_s, "returncode": 0,
+                                                     "loadavg_before": [1.0, 1, 1],
+                                                     "loadavg_after": [2.0, 1, 1]}}},
+                        "fresh_clone": {"elapsed_s": clone_s, "note": "n"}},
             "targets": [], "errors": [],
         }  # fmt: skip
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from parity.bench.differential import random_scenario
-from parity.bench.harness import default_suite
 from parity.bench.loads import Load, load_metrics, load_request, tree_cpu_s, tree_rss
 from parity.bench.report import SCHEMA_KEYS, charts, markdown, update_latest, write_run
 from parity.bench.serve import rep_order
 from parity.bench.stats import median, percentile, ratio
+from parity.bench.suite import default_suite, timed_command
 from parity.bench.targets import evaluate
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,11 +84,15 @@ def test_targets_pass_and_fail_per_line(make_results) -> None:
     assert lines["scheduler_step"].measured == 0.8 and lines["scheduler_step"].passed is True
     assert lines["differential"].passed is True and lines["wedge_verdict"].passed is True
     assert lines["default_suite"].passed is None and lines["default_suite"].shown == "not measured"
+    assert lines["fresh_clone"].passed is None
     slow = {t.id: t for t in evaluate(make_results(engine_startup=10.0, sched_ratios=(1.2,),
                                                    examples_per_s=12.0, wedge_s=6.0,
-                                                   suite_s=900.0))}  # fmt: skip
+                                                   suite_s=900.0, clone_s=121.0))}  # fmt: skip
     assert not any(slow[k].passed for k in ("startup", "scheduler_step", "differential"))
     assert slow["wedge_verdict"].passed is False and slow["default_suite"].passed is False
+    assert slow["fresh_clone"].passed is False and "load 1.0->2.0" in slow["default_suite"].note
+    fast = {t.id: t for t in evaluate(make_results(suite_s=70.0, clone_s=110.0))}
+    assert fast["default_suite"].passed is True and fast["fresh_clone"].passed is True
 
 
 def test_missing_phases_are_not_measured(make_results) -> None:
@@ -137,19 +141,26 @@ def test_random_scenarios_are_seeded_and_valid() -> None:
         assert all(r.max_tokens is not None for r in scenario.requests)
 
 
-def test_default_suite_reads_only_a_whole_run(tmp_path: Path) -> None:
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    for name in ("a", "b"):
-        (suite / f"{name}.yaml").write_text("id: x\n")
-    path = tmp_path / "last-run.json"
-    assert default_suite(path, suite)["elapsed_s"] is None
-    path.write_text(json.dumps({"tier": "scheduler", "results": []}))
-    assert "no elapsed_s" in default_suite(path, suite)["note"]
-    partial = {"targets": ["engine", "engine"], "results": [{}, {}], "elapsed_s": 0.01}
-    path.write_text(json.dumps(partial))
-    found = default_suite(path, suite)
-    assert found["elapsed_s"] is None and "not a default-suite run" in found["note"]
-    whole = {"targets": ["engine", "oracle"], "results": [{}, {}], "elapsed_s": 123.456}
-    path.write_text(json.dumps(whole))
-    assert default_suite(path, suite)["elapsed_s"] == 123.46
+def test_a_timed_command_is_measured_and_a_slow_one_reaped(tmp_path: Path) -> None:
+    done = timed_command(["sh", "-c", "echo hi; exit 1"], cwd=tmp_path, log=tmp_path / "a.log",
+                         timeout_s=30.0)  # fmt: skip
+    assert done["returncode"] == 1 and "error" not in done  # exit 1 is a verdict, not a failure
+    assert (tmp_path / "a.log").read_text() == "hi\n" and len(done["loadavg_before"]) == 3
+    stuck = timed_command(["sh", "-c", "sleep 60 & sleep 60"], cwd=tmp_path,
+                          log=tmp_path / "b.log", timeout_s=0.5)  # fmt: skip
+    assert "not finished within" in stuck["error"] and stuck["elapsed_s"] < 20
+
+
+def test_the_suite_stops_at_the_first_failed_tier(tmp_path: Path, monkeypatch) -> None:
+    import parity.bench.suite as suite
+
+    calls: list[str] = []
+
+    def fake(argv, **kw):
+        calls.append(argv[argv.index("--tier") + 1])
+        return {"elapsed_s": 1.0, "returncode": 2, "error": "exit code 2",
+                "loadavg_before": [0, 0, 0], "loadavg_after": [0, 0, 0]}  # fmt: skip
+
+    monkeypatch.setattr(suite, "timed_command", fake)
+    found = default_suite(tmp_path)
+    assert calls == ["scheduler"] and found["elapsed_s"] is None and "scheduler" in found["error"]

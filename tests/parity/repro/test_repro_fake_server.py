@@ -51,7 +51,7 @@ def test_fake_repro_verdicts_record_and_sigterm(
     tmp_path: Path,
 ) -> None:
     path = write_repro("fake", REPRO.format(target=fake_target, sigterm="exited"))
-    # the file names an external: command: it runs only with the opt-in (issue 9 item 6)
+    # the file names an external: command: it runs only with the opt-in
     argv = [str(path), "--out", str(tmp_path / "out"), "--allow-external-from-file"]
     code, out, err = run_cli(*argv)
     assert code == 0, out + err

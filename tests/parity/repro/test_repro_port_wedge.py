@@ -1,4 +1,4 @@
-"""Acceptance of ``parity repro`` on the port's wedge at the serve tier (issue 7).
+"""Acceptance of ``parity repro`` on the port's wedge at the serve tier.
 
 1. ``port-wedge-serve`` on ``engine --divergence legacy-capacity`` and ``oracle[unchecked]``:
    the control leg completes on both; the wedge leg is a zero-byte hang on both (a

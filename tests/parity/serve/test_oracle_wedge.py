@@ -1,6 +1,6 @@
 """Stalls and a crash on ``oracle[unchecked]`` (upstream's capacity check disabled, test-only).
 
-bs 32, 2 blocks (one usable), M 2048, a 3-token prompt, max_tokens 56 (oracle-cpu.md): the
+bs 32, 2 blocks (one usable), M 2048, a 3-token prompt, max_tokens 56 (docs/oracle-on-cpu.md): the
 request fills its one block (30 tokens), preempts itself and waits forever. Streaming sees 30
 tokens then nothing (``mid_stream_stall``); non-streaming sees nothing (``zero_byte_hang``).
 Both verdicts come within ``stall_s`` + 3 s of the last progress, with ``/health`` 200 and the

@@ -1,4 +1,4 @@
-"""Profile matrix at the serve tier (issue 7): each engine ``--divergence`` profile against the
+"""Profile matrix at the serve tier: each engine ``--divergence`` profile against the
 pinned vLLM server. The differ must flag the profile exactly where it changes behaviour, with
 the profile's signature (``contract.PROFILES[name].signature``) and nothing else,
 the ledger must call every finding KNOWN by the profile's entry (NEW without it), and every

@@ -1,0 +1,104 @@
+"""Harness tier of the benchmark, measured end to end: the default suite's wall time and the
+time from ``git clone`` to the ``make parity`` verdict.
+
+Both run as subprocesses in their own process group (``parity.process.ManagedProcess``), each
+bounded by a deadline and reaped with its group whatever happens; each records the load
+average before and after, because a wall time on a shared machine means little without it.
+
+- ``default_suite``: ``parity run @default --tier T`` (engine vs oracle) once per tier, into a
+  scratch report folder (the project's ``reports/`` is left alone), and the sum.
+- ``fresh_clone``: ``git clone`` of this checkout's ``HEAD`` into a scratch folder, then
+  ``make parity`` there. "Warm package cache" means uv's and pip's caches as they are on this
+  machine (nothing is downloaded twice); the clone's ``.venv``, models and reports start empty.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from parity.process import ManagedProcess
+from parity.serve.spec import ROOT
+
+SUITE_TIERS = ("scheduler", "serve")
+SUITE_TIMEOUT_S = 900.0
+CLONE_TIMEOUT_S = 1200.0
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def timed_command(argv: Sequence[str], *, cwd: Path, log: Path, timeout_s: float,
+                  env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run ``argv`` to its end (bounded): wall time, exit code, load before and after, log."""
+    before = _load()
+    began = time.monotonic()
+    proc = ManagedProcess(argv, log_path=log, cwd=cwd, env=env)
+    timed_out = False
+    try:
+        proc.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        record = proc.stop()
+    took = time.monotonic() - began
+    result: dict[str, Any] = {
+        "elapsed_s": round(took, 1), "returncode": record.returncode,
+        "loadavg_before": before, "loadavg_after": _load(), "log": str(log),
+    }  # fmt: skip
+    if timed_out:
+        result["error"] = f"not finished within {timeout_s:.0f} s"
+    elif record.returncode not in (0, 1):
+        result["error"] = f"exit code {record.returncode} (log: {log})"
+    return result
+
+
+def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
+                  timeout_s: float = SUITE_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
+    """The bundled default suite, engine vs oracle, one ``parity run`` per tier."""
+    out: dict[str, Any] = {"tiers": {}}
+    for tier in tiers:
+        reports = logs / f"suite-{tier}"
+        argv = [sys.executable, "-m", "parity.cli", "run", "@default", "--tier", tier,
+                "--target", "engine", "--target", "oracle", "--report", str(reports)]  # fmt: skip
+        run = timed_command(argv, cwd=ROOT, log=logs / f"suite-{tier}.log", timeout_s=timeout_s)
+        out["tiers"][tier] = run
+        if "error" in run:
+            out["error"] = f"{tier} tier: {run['error']}"
+            out["elapsed_s"] = None
+            return out
+    out["elapsed_s"] = round(sum(r["elapsed_s"] for r in out["tiers"].values()), 1)
+    out["verdict"] = "exit " + "/".join(str(r["returncode"]) for r in out["tiers"].values())
+    return out
+
+
+def fresh_clone(logs: Path, *, timeout_s: float = CLONE_TIMEOUT_S) -> dict[str, Any]:
+    """``git clone`` HEAD into a scratch folder and time ``make parity`` there."""
+    scratch = Path(tempfile.mkdtemp(prefix="parity-clone-"))
+    try:
+        began = time.monotonic()
+        clone = scratch / "clone"
+        cloned = timed_command(["git", "clone", "--quiet", str(ROOT), str(clone)], cwd=scratch,
+                               log=logs / "clone-git.log", timeout_s=120.0)  # fmt: skip
+        if "error" in cloned or cloned["returncode"] != 0:
+            return {"elapsed_s": None, "error": f"git clone failed (log: {cloned['log']})"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+        remaining = timeout_s - (time.monotonic() - began)
+        made = timed_command(["make", "parity"], cwd=clone, log=logs / "clone-make-parity.log",
+                             timeout_s=remaining, env=env)  # fmt: skip
+        made["elapsed_s"] = round(time.monotonic() - began, 1)
+        if made["returncode"] != 0 and "error" not in made:
+            made["error"] = f"make parity exited {made['returncode']} (log: {made['log']})"
+        if "error" in made:
+            made["elapsed_s"] = None
+        return made
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
