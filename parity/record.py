@@ -92,12 +92,12 @@ def scheduler_expect(scenario: Scenario, run: TargetRun) -> Recorded:
 
 def serve_expect(scenario: Scenario, run: Any) -> Recorded | None:
     """The ``expect:`` values of one serve-tier run (a ``parity.serve.run.ServeRun``); None
-    when its server neither started nor refused the config (a timeout or crash: nothing to
-    record)."""
+    when its server neither started nor refused the config (a timeout: nothing to record) or
+    the target could not run the scenario (``unsupported``)."""
     from parity.serve.expect import PER_REQUEST
 
     startup = _STARTUP.get(run.startup.outcome)
-    if startup is None:
+    if startup is None or getattr(run, "unsupported", None) is not None:
         return None
     old = _existing(scenario)
     out: Recorded = {"startup": startup}
@@ -356,7 +356,8 @@ def _rechecked(result: Any, scenario: Scenario | None, traces: dict[str, tuple])
             failures.extend(check_expect(scenario, run))
     else:
         for run in result.runs:
-            failures.extend(check_serve_expect(scenario, run))
+            if run.unsupported is None:  # as parity.serve.suite.judge checks them
+                failures.extend(check_serve_expect(scenario, run))
     status, verdict = result.status, result.verdict
     if status is Status.EXPECT_FAILED and not failures:
         status, verdict = Status.PASS, "expect: recorded"

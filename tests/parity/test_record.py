@@ -5,6 +5,7 @@ re-recording changes nothing."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,8 @@ def test_serve_tier_recording_passes_its_own_check(tmp_path: Path) -> None:
     assert serve_expect(again, timed_out) is None  # neither started nor refused: nothing
     refused = ServeRun(target="oracle", startup=StartupRecord("oracle", "startup_refused"))
     assert serve_expect(again, refused) == {"startup": "refused"}
+    unsupported = replace(run, unsupported="no logprobs")
+    assert serve_expect(again, unsupported) is None
     parse_scenario(path.read_text(encoding="utf-8"), str(path), stem="served")
 
 
