@@ -46,6 +46,7 @@ _EVENT_FIELDS = (
 )
 _STARTUP = {"started": "started", "startup_refused": "refused"}  # StartupRecord.outcome
 _DROP = object()  # a key two readings disagree on
+_NULLABLE = frozenset({"stop_reason", "error_param", "text", "reasoning"})  # null is a value
 
 
 def scheduler_expect(scenario: Scenario, run: TargetRun) -> Recorded:
@@ -71,7 +72,7 @@ def scheduler_expect(scenario: Scenario, run: TargetRun) -> Recorded:
                 or request.id in old.get(key, {})
             )
             value = getattr(outcome, attribute)
-            if wanted and (value is not None or key == "stop_reason"):
+            if wanted and (value is not None or key in _NULLABLE):
                 values[request.id] = plain(value)
         if values:
             out[key] = values
@@ -101,7 +102,8 @@ def serve_expect(scenario: Scenario, run: Any) -> Recorded | None:
         return None
     old = _existing(scenario)
     out: Recorded = {"startup": startup}
-    numbers = {k: run.startup.numbers.get(k) for k in old.get("startup_numbers", {})}
+    seen = run.startup.numbers
+    numbers = {k: seen[k] for k in old.get("startup_numbers", {}) if k in seen}
     if numbers:
         out["startup_numbers"] = numbers
     if not run.startup.started:
@@ -117,6 +119,8 @@ def serve_expect(scenario: Scenario, run: Any) -> Recorded | None:
             ):
                 continue
             readings = [plain(read(o)) for o in copies]
+            if readings[0] is None and key not in _NULLABLE:
+                continue  # e.g. no finish_reason on an HTTP error: nothing the schema takes
             if all(r == readings[0] for r in readings):
                 values[request.id] = readings[0]
         if values:

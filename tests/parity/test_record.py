@@ -169,31 +169,34 @@ requests:
 """
 
 
-def _observation(copy: int, text: str) -> object:
+def _observed(copy: int, status: int, data: dict[str, object]) -> object:
+    """Copy ``copy`` of request r1, answered ``status`` with the JSON body ``data``."""
     from parity.serve.observe import RequestObservation, parse_body
 
-    choice = {"index": 0, "text": text, "token_ids": [257, 256, 390], "finish_reason": "stop"}
-    body = json.dumps(
-        {
-            "id": "c",
-            "object": "text_completion",
-            "created": 1,
-            "model": "scripted",
-            "choices": [choice],
-            "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5},
-        }
-    )
+    body = json.dumps(data)
     return RequestObservation(
         request_id=f"r1#{copy}",
         spec_id="r1",
         endpoint="completions",
         stream=False,
-        outcome="completed",
+        outcome="completed" if status < 400 else "http_error",
         detail="",
-        status=200,
+        status=status,
         body=body,
-        result=parse_body(body, 200),
+        result=parse_body(body, status),
     )
+
+
+def _observation(copy: int, text: str) -> object:
+    choice = {"index": 0, "text": text, "token_ids": [257, 256, 390], "finish_reason": "stop"}
+    usage = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+    data = {"id": "c", "object": "text_completion", "created": 1, "model": "scripted"}
+    return _observed(copy, 200, {**data, "choices": [choice], "usage": usage})
+
+
+def _error(copy: int, param: str) -> object:
+    error = {"message": "too long", "type": "BadRequestError", "param": param}
+    return _observed(copy, 400, {"error": error})
 
 
 def test_serve_tier_recording_passes_its_own_check(tmp_path: Path) -> None:
@@ -234,6 +237,18 @@ def test_serve_tier_recording_passes_its_own_check(tmp_path: Path) -> None:
     assert serve_expect(again, refused) == {"startup": "refused"}
     unsupported = replace(run, unsupported="no logprobs")
     assert serve_expect(again, unsupported) is None
+    # an HTTP error has no finish_reason or text to record; its status and error.param are
+    failed = ServeRun(
+        target="oracle",
+        startup=StartupRecord("oracle", "started", port=1),
+        observations=(_error(0, "max_tokens"), _error(1, "max_tokens")),
+    )
+    reading = serve_expect(again, failed)
+    assert reading is not None and reading["status"] == {"r1": 400}
+    assert reading["error_param"] == {"r1": "max_tokens"} and reading["text"] == {"r1": None}
+    assert "finish_reason" not in reading and "num_output_tokens" not in reading
+    assert write_expect(again, reading)
+    assert check_serve_expect(load_scenario(path), failed) == []
     parse_scenario(path.read_text(encoding="utf-8"), str(path), stem="served")
 
 
