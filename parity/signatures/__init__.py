@@ -72,7 +72,9 @@ Numbers: ``bs`` = ``config.block_size`` (default 16), ``N`` = ``config.num_gpu_b
    field in ``object role choices usage data event`` differs, or is null on one side.
 8. ``metrics``: an anchor starting with ``metrics`` or a ``vllm:`` segment.
 9. ``timing``: kind ``timing``; a ``timing`` anchor or ``latency`` segment; a last segment that
-   is a duration (ends in ``_s``/``_ms``); an ``outcome`` with ``timeout`` on one side.
+   is a duration (ends in ``_s``/``_ms``); an ``outcome`` with ``timeout`` on one side; a
+   ``health`` path whose two status lists are equal once the 503s are left out (a poll that
+   landed while one server's engine was starting or dead).
 10. ``sampling``: a request path through a drawn field (``token_ids``, ``text``, ``content``,
    ``logprobs``, ``finish_reason``, ``stop_reason``, token counts, ``frames``, ``choices``) of
    a request with a ``seed`` (the scenario's, else both request bodies') and a temperature
