@@ -5,7 +5,7 @@ consequences of another one in the same run, and would otherwise be reported und
 that names the symptom, not the cause: the ``metrics`` deltas of a request that one side
 refused with a 400 (``max_tokens_clamp``), or every request of a server that advertises one
 block more of ``max_model_len`` (``capacity_overhang``). ``classify_all`` classifies a run's
-divergences (one pair of targets, one scenario) and then applies two folds, in this order:
+divergences (one pair of targets, one scenario) and then applies three folds, in this order:
 
 F1 server root: when a divergence outside any request (``startup``, ``facts``, ``models``) is
    ``capacity_overhang``, the two servers run different capacity configs (one refused to start,
@@ -19,8 +19,12 @@ F2 accounting: a ``metrics`` divergence of a per-request counter (``ACCOUNTED_ME
    all such request divergences share one signature S that is neither ``metrics`` nor
    ``timing``: it takes S (rule ``F2: consequence of <path>``). Mixed signatures: no fold (the
    metric stays ``metrics``; which cause moved it is not decidable).
+F3 same step (scheduler tier): an ``other`` divergence at step ``steps[i]`` takes the signature
+   of the first divergence at that step that has one (not ``other``, ``metrics`` or
+   ``timing``): the step's block ids, computed tokens, sampled tokens and free blocks follow
+   from what the step scheduled (rule ``F3: consequence of <path>``).
 
-A folded ``Classification.rule`` starts with ``F1:``/``F2:`` and names the root's path and
+A folded ``Classification.rule`` starts with ``F1:``/``F2:``/``F3:`` and names the root's path and
 rule, so reports show why.
 """
 
@@ -51,6 +55,7 @@ ACCOUNTING_FIELDS = frozenset(
     | {"completion_tokens", "prompt_tokens", "total_tokens", "num_output_tokens"}
 )
 _NOT_ROOTS = frozenset({Signature.METRICS, Signature.TIMING})
+_NOT_STEP_ROOTS = _NOT_ROOTS | {Signature.OTHER}
 
 
 def classify_all(
@@ -68,6 +73,7 @@ def classify_all(
             else _folded("F1", divergences[root], found[root])
             for i, c in enumerate(found)
         ]
+    found = _same_step(divergences, found)
     accounting = _accounting_root(divergences, found, ctx)
     if accounting is None:
         return found
@@ -88,6 +94,29 @@ def _server_root(divergences: Sequence[Divergence], found: Sequence[Classificati
             and segments[0] in SERVER_ANCHORS
         ):
             return index
+    return None
+
+
+def _same_step(
+    divergences: Sequence[Divergence], found: list[Classification]
+) -> list[Classification]:
+    roots: dict[str, int] = {}
+    for index, (divergence, classification) in enumerate(zip(divergences, found, strict=True)):
+        step = _step_of(divergence.path)
+        if step is not None and classification.signature not in _NOT_STEP_ROOTS:
+            roots.setdefault(step, index)
+    return [
+        _folded("F3", divergences[roots[step]], found[roots[step]])
+        if c.signature is Signature.OTHER and (step := _step_of(d.path)) in roots
+        else c
+        for d, c in zip(divergences, found, strict=True)
+    ]
+
+
+def _step_of(path: str) -> str | None:
+    segments = split_path(path)
+    if len(segments) >= 2 and segments[0] == "steps" and segments[1].startswith("["):
+        return segments[1]
     return None
 
 

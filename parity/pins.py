@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,7 +198,8 @@ def refresh_shim(root: Path | None = None) -> Path:
             if link.is_symlink():
                 link.unlink()
             continue
-        tmp = shim / f".{name}.{os.getpid()}"
+        # per process and thread: ServerPool.prestart resolves pins from several threads
+        tmp = shim / f".{name}.{os.getpid()}.{threading.get_ident()}"
         if tmp.is_symlink():
             tmp.unlink()
         tmp.symlink_to(Path(folders[0]).resolve(), target_is_directory=True)

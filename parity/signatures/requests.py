@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,6 +94,9 @@ def clamp(f: Facts) -> str | None:
                 f"M3: only one side rejected {rejected} (the clamp binds: M-P={terms[0]} < "
                 f"{terms[1]}); the other failed on another check"
             )
+    refused = _context_rejection(f, f.rid)
+    if refused is not None:
+        return refused
     if terms is None:
         return None
     headroom, requested, clamp = terms
@@ -181,3 +185,60 @@ def _error_param(obs: Mapping[str, Any]) -> str | None:
 
 
 _STATUS_KEYS = (("status",), ("status_code",), ("http_status",))
+
+# "maximum context length is 96 tokens. However, you requested 16 output tokens and your
+# prompt contains ..." (renderer length check before the clamp existed there); older wording:
+# "... you requested 106 tokens (90 in the messages, 16 in the completion)".
+_CONTEXT = re.compile(r"maximum context length is (\d+) tokens", re.IGNORECASE)
+_REQUESTED = re.compile(r"you requested (\d+) output tokens|(\d+) in the completion", re.IGNORECASE)
+
+
+def _context_rejection(f: Facts, rid: str) -> str | None:
+    """M5: one side's 400 says prompt plus requested output tokens exceed the context length,
+    the other completed cut at ``length`` with fewer tokens than requested (it clamped)."""
+    for rejecting, completing in ((0, 1), (1, 0)):
+        found = _rejection_numbers(f, rid, rejecting)
+        if found is None:
+            continue
+        context, requested = found
+        limit = f.max_model_len()
+        if limit is not None and limit != context:
+            continue
+        other = f.observation(f.sides[completing], rid)
+        if other.get("outcome") not in ("completed", "finished"):
+            continue
+        if first_of(other, (("result", "finish_reason"), ("finish_reason",))) != "length":
+            continue
+        produced = as_int(first_of(other, _OUTPUT_KEYS))
+        if produced is not None and produced >= requested:
+            continue
+        got = "" if produced is None else f" after {produced}"
+        return (
+            f"M5: one side refused {requested} output tokens at context length {context}, "
+            f"the other clamped (length{got})"
+        )
+    return None
+
+
+_OUTPUT_KEYS = (
+    *(("result", "usage", "completion_tokens"), ("usage", "completion_tokens")),
+    ("num_output_tokens",),
+)
+
+
+def _rejection_numbers(f: Facts, rid: str, index: int) -> tuple[int, int] | None:
+    """``(M, T)`` named by side ``index``'s error message (the observation's or the value)."""
+    obs = f.observation(f.sides[index], rid)
+    texts = [f.values[index]] if f.last == "message" else []
+    for candidate in (obs.get("error"), dig(obs, ("result", "error"))):
+        if isinstance(candidate, Mapping):
+            inner = candidate.get("error")
+            body = inner if isinstance(inner, Mapping) else candidate
+            texts.append(body.get("message"))
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        context, requested = _CONTEXT.search(text), _REQUESTED.search(text)
+        if context and requested:
+            return int(context.group(1)), int(requested.group(1) or requested.group(2))
+    return None
