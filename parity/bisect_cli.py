@@ -80,6 +80,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     by_scenario: dict[str, list[Any]] = {}
     for tier in _tiers(args.tier):
         selected = scenarios_at(scenarios, tier)
+        if not selected:
+            continue
+        tier_began, made_before = time.perf_counter(), len(store.made)
         results = run_bisect(
             selected,
             pins,
@@ -89,6 +92,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             file_diffs=lambda a, b: release_diff(a, b, store.root / "files"),
         )
         sys.stdout.write(format_bisect(results))
+        sys.stdout.write(
+            f"{tier} tier: {time.perf_counter() - tier_began:.1f} s, "
+            f"{len(store.made) - made_before} observations made\n"
+        )
         for result in results:
             by_scenario.setdefault(result.scenario.id, []).append(result)
     if not by_scenario:

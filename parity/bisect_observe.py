@@ -2,7 +2,7 @@
 
 The observations are the ones ``parity run`` makes: at the scheduler tier ``runner.run_target``
 on the ``oracle@PIN`` protocol worker (a ``TargetRun``), at the serve tier
-``serve.suite.run_plan`` on that release's server (a ``ServeRun``). Two pins are compared with
+``serve.suite.run_serve_scenarios`` with the pins as its targets (a ``ServeRun`` per pin). Two pins are compared with
 the tier's differ (``parity.differ.diff_runs``, ``parity.serve.differ.diff_serve_runs``) and
 the divergences classified as ``parity run`` classifies them (``parity.causes.classify_all``).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,8 @@ class ObservationStore:
             return
         runner = observe_scheduler if tier == "scheduler" else observe_serve
         by_id = {s.id: s for scenarios in missing.values() for s in scenarios}
-        for (scenario_id, pin), observation in runner(missing, project, log_dir).items():
-            self.put(by_id[scenario_id], pin, tier, observation)
+        for (scenario_id, pin), observation in runner(missing, project, log_dir):
+            self.put(by_id[scenario_id], pin, tier, observation)  # kept as soon as made
 
 
 class CheckedStartup:
@@ -146,31 +147,30 @@ class CheckedStartup:
 
 def observe_scheduler(
     wanted: dict[str, list[Scenario]], project: Any = None, log_dir: Path | None = None
-) -> dict[tuple[str, str], TargetRun]:
+) -> Iterator[tuple[tuple[str, str], TargetRun]]:
     """Each (pin, scenario) on the ``oracle@PIN`` protocol worker: one worker per pin, for
     all of its scenarios (``runner.run_target``)."""
     from parity.runner import run_target
     from parity.targets import make_target
 
-    found: dict[tuple[str, str], TargetRun] = {}
     for pin, scenarios in wanted.items():
         target = CheckedStartup(make_target(target_name(pin), "scheduler", project))
         try:
             for scenario in scenarios:
-                found[(scenario.id, pin)] = run_target(scenario, target, project)
+                yield (scenario.id, pin), run_target(scenario, target, project)
         finally:
             target.shutdown()
-    return found
 
 
 def observe_serve(
     wanted: dict[str, list[Scenario]], project: Any = None, log_dir: Path | None = None
-) -> dict[tuple[str, str], ServeRun]:
+) -> Iterator[tuple[tuple[str, str], ServeRun]]:
     """Each (pin, scenario) on that release's server, through ``parity run``'s serve path
-    (``serve.suite.run_serve_scenarios``): scenarios that need the same pins run in one session
-    with those pins as its targets (one server per pin and config, the next started while the
-    current one runs; a one-sided timing difference is run again on fresh servers)."""
-    from parity.serve.suite import run_serve_scenarios
+    (``serve.suite.run_serve_scenarios``): the scenarios of one server config that need the
+    same pins run in one session with those pins as its targets (one server per pin, the
+    next started while the current one runs; a one-sided timing difference is run again on
+    fresh servers). One session per config, so each config's runs are kept as they end."""
+    from parity.serve.suite import group_by_config, run_serve_scenarios
 
     pins_of: dict[str, list[str]] = {}
     scenario_of: dict[str, Scenario] = {}
@@ -181,15 +181,14 @@ def observe_serve(
     sessions: dict[tuple[str, ...], list[Scenario]] = {}
     for scenario_id, needed in pins_of.items():
         sessions.setdefault(tuple(needed), []).append(scenario_of[scenario_id])
-    found: dict[tuple[str, str], ServeRun] = {}
     for pins, scenarios in sessions.items():
         targets = [target_name(pin) for pin in pins]
-        results = run_serve_scenarios(scenarios, targets, log_dir=log_dir, project=project)
-        for scenario, result in zip(scenarios, results, strict=True):
-            for pin, run in zip(pins, result.runs, strict=True):
-                assert isinstance(run, ServeRun)
-                found[(scenario.id, pin)] = run
-    return found
+        for _config, group in group_by_config(scenarios):
+            results = run_serve_scenarios(group, targets, log_dir=log_dir, project=project)
+            for scenario, result in zip(group, results, strict=True):
+                for pin, run in zip(pins, result.runs, strict=True):
+                    assert isinstance(run, ServeRun)
+                    yield (scenario.id, pin), run
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ behaviour, the observation cache, range and pin errors, and the upstream file-di
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,10 @@ def fake_pins(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, int]], lis
     def install(tokens: dict[str, int]) -> list[str]:
         asked: list[str] = []
 
-        def observe(wanted: dict[str, list[Any]], *_args: Any) -> dict[tuple[str, str], Any]:
+        def observe(wanted: dict[str, list[Any]], *_args: Any) -> Iterator[tuple[Any, Any]]:
             asked.extend(wanted)
-            return {(s.id, pin): _run(pin, tokens[pin]) for pin, ss in wanted.items() for s in ss}
+            for pin, scenarios in wanted.items():
+                yield from (((s.id, pin), _run(pin, tokens[pin])) for s in scenarios)
 
         monkeypatch.setattr(bisect_observe, "observe_scheduler", observe)
         return asked
