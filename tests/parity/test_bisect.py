@@ -231,3 +231,39 @@ def test_file_diff_counts_added_and_removed_lines(tmp_path: Path) -> None:
         "v1/core/sched/scheduler.py": (3, 1, "changed"),
         "v1/engine/gone.py": (0, 2, "removed"),
     }
+
+
+class _Inner:
+    """A scheduler-tier target whose own startup check says ``refused``."""
+
+    def __init__(self, refused: bool) -> None:
+        from contract.protocol import Startup
+
+        self.name = "fake"
+        self.startup = Startup(refused, "estimated maximum model length is 64" if refused else None)
+        self.notes = ["upstream would refuse this config at startup"] if refused else []
+        self.closed = 0
+
+    def start(self, config: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_the_scheduler_tier_applies_the_release_startup_check(
+    write_yaml: Callable[[str, str], Path],
+) -> None:
+    from parity.differ import diff_runs
+    from parity.errors import TargetStartError
+
+    scenario = load_scenario(write_yaml("s", SCENARIO.format(name="s")))
+    inner = _Inner(refused=True)
+    checked = bisect_observe.CheckedStartup(inner)
+    with pytest.raises(TargetStartError, match="startup check refused: estimated maximum"):
+        checked.start(scenario.config)
+    assert inner.closed == 1 and checked.notes == inner.notes
+    bisect_observe.CheckedStartup(_Inner(refused=False)).start(scenario.config)  # no raise
+    refused = TargetRun("s", RunSummary("oracle@0.29.0", 0, {}, error="refused", started=False))
+    (startup,) = diff_runs(scenario, _run("0.28.0", 4), refused)
+    assert (startup.path, startup.left, startup.right) == ("startup", "started", "refused: refused")
