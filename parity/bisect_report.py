@@ -9,7 +9,7 @@ terminal text, ``format_markdown`` the ``reports/bisect/<scenario>.md`` page.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ def run_bisect(
     *,
     project: Any = None,
     log_dir: Path | None = None,
-    file_diffs: Any = None,
+    file_diffs: Callable[[str, str], Sequence[FileChange]] | None = None,
 ) -> list[ScenarioBisect]:
     """Bisect every scenario at ``tier`` over ``pins``; ``file_diffs(before, after)`` gives
     the upstream file changes of a change (None: none listed)."""
