@@ -15,6 +15,8 @@ input, 3 a target failed to start when it should have).
     parity model build --variant scripted --out DIR
     parity model export --format gguf --variant scripted --out FILE [--dtype f32|bf16]
     parity pins [install VERSION|all | prune [VERSION ...] | check [VERSION ...]]
+    parity bisect PATHS --pins A..B|A,B,... [--tier scheduler|serve|both] [--fresh]
+    parity drift --from A --to B [PATHS] [--tier scheduler|serve|both] [--fresh]
 
 Every ``parity run`` classifies its divergences against the decision ledger
 (``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
@@ -461,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     from parity.pins_cli import add_pins_commands
 
     add_pins_commands(sub)
+    from parity.bisect_cli import add_bisect_commands
+
+    add_bisect_commands(sub)
     return parser
 
 
