@@ -125,7 +125,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from parity.results import RunReport
     from parity.serve.suite import ServeSession, startup_failed
     from parity.serve.targets import parse_target
-    from parity.targets import make_target
 
     project = project_of(args)
     paths = args.paths or list(project.scenarios)
@@ -144,7 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ledger = _ledger_of(args, project)  # a missing named ledger is exit 2 before anything runs
     for spec in specs if serve else ():
         parse_target(spec, project)  # a bad spec is exit 2 before anything starts
-    targets = [make_target(spec, "scheduler", project) for spec in specs] if scheduler else []
+    targets, servers_only = _scheduler_targets(specs, project) if scheduler else ([], {})
     for index, target in enumerate(targets):  # equal names made distinct, as at the serve tier
         same = sum(1 for t in targets[:index] if t.name.split(" #", 1)[0] == target.name)
         if same:
@@ -158,7 +157,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if session is not None:
             session.begin()  # the first servers start while the scheduler tier runs
         with _progress(total, enabled=not args.no_progress) as mark:
-            results += _run_scheduler(scheduler, targets, mark, traces, project)
+            results += _run_scheduler(scheduler, targets, mark, traces, project, servers_only)
             if session is not None:
                 results += session.run(mark)
     finally:
@@ -198,23 +197,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _scheduler_targets(specs: list[str], project: Any) -> tuple[list, dict[str, str]]:
+    """The scheduler-tier targets of ``specs``, and the server-only ones (name: why not)."""
+    from parity.errors import NoSchedulerTier
+    from parity.targets import make_target
+
+    targets, servers_only = [], {}
+    for spec in specs:
+        try:
+            targets.append(make_target(spec, "scheduler", project))
+        except NoSchedulerTier as e:
+            servers_only[spec.strip()] = str(e)
+    return targets, servers_only
+
+
 def _run_scheduler(
     scenarios: list,
     targets: list,
     mark: Callable[..., None],
     traces: dict[str, tuple],
     project: Any = None,
+    servers_only: dict[str, str] | None = None,
 ) -> list:
-    from parity.runner import run_scenario
+    from parity.runner import run_with_servers_only
     from parity.targets import shutdown_targets
 
     results = []
     try:
         for scenario in scenarios:
-            label = " vs ".join(t.name for t in targets)
+            label = " vs ".join([*(t.name for t in targets), *(servers_only or {})])
             mark(scenario.id, label, "running")
-            result, runs = run_scenario(scenario, targets, project)
-            traces[scenario.id] = runs
+            result, runs = run_with_servers_only(scenario, targets, servers_only or {}, project)
+            if runs:
+                traces[scenario.id] = runs
             results.append(result)
             mark(scenario.id, label, "done")
     finally:

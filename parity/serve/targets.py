@@ -321,11 +321,12 @@ def file_target_problem(spec: str) -> str | None:
     return None
 
 
-def server_cwd(target: TargetSpec) -> str:
-    """The folder the server starts in: its ``cwd`` (relative to the project) or the project."""
+def server_cwd(target: TargetSpec, config: ServerConfig | None = None) -> str:
+    """The folder the server starts in: its ``cwd`` (placeholders expanded, the model ones with
+    a ``config``; relative to the project) or the project."""
     if target.serve.cwd is None:
         return target.root
-    return str(Path(target.root) / target.serve.cwd)
+    return str(Path(target.root) / _expand(target.serve.cwd, placeholders(target, config), target))
 
 
 def _expand(
