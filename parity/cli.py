@@ -24,6 +24,7 @@ Serve-tier targets: ``engine``, ``oracle``, ``oracle[unchecked]``, ``external:<c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -241,8 +242,10 @@ def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool
     """Expect failures and errors always; scenarios with NEW divergences with ``-v`` (the
     grouped causes say them otherwise)."""
     from parity.ledger import Verdict
+    from parity.ledger.classify import unexplained_expect_failures
 
-    if getattr(result, "expect_failures", ()) or getattr(result, "status", None) == "error":
+    unexplained = unexplained_expect_failures(result, ledger_report)  # type: ignore[arg-type]
+    if unexplained or getattr(result, "status", None) == "error":
         return True
     if getattr(result, "attempts", ()):
         return True  # a rerun: both observations are shown
@@ -256,7 +259,14 @@ def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool
 
 def _exit_code(results: list, ledger_report: object, startup_failed: Callable) -> int:
     """3 a target failed to start when it should have; 1 NEW or STALE divergences or an
-    ``expect:`` failure; else 0 (parity, or every divergence KNOWN)."""
+    ``expect:`` failure the ledger does not explain; else 0 (parity, or every divergence
+    KNOWN)."""
+    from parity.ledger.classify import unexplained_expect_failures
+
+    results = [
+        dataclasses.replace(r, expect_failures=tuple(unexplained_expect_failures(r, ledger_report)))  # type: ignore[arg-type]
+        for r in results
+    ]
     if any(startup_failed(result) for result in results):
         return EXIT_TARGET_FAILED
     if ledger_report.exit_code or any(r.expect_failures for r in results):  # type: ignore[attr-defined]
