@@ -12,8 +12,11 @@ from port_suite import check, run_port
 
 pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.timeout(3300)]
 
+EXTENSIONS = ("ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
 EXPECTED_UNSUPPORTED = [
     "target 'transformers-serve' has no scheduler tier (a server only)",
+    "expect.min_preemptions reads vllm:num_preemptions, a vLLM extension the target does not",
+    *(f"sets {field}, a vLLM extension the target does not accept" for field in EXTENSIONS),
 ]
 
 
