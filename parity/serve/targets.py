@@ -245,8 +245,15 @@ def server_flags(config: ServerConfig) -> list[str]:
 
 
 def unsupported_reason(target: TargetSpec, config: ServerConfig) -> str | None:
-    """Why ``target`` cannot run ``config`` (a scenario key it cannot take), or None."""
-    return config_flags(target, config)[1]
+    """Why ``target`` cannot run ``config`` (a scenario key it cannot take, or a model with no
+    GGUF export for a command that takes ``{model_gguf}``), or None."""
+    from parity.models import has_gguf
+
+    reason = config_flags(target, config)[1]
+    takes_gguf = any("{model_gguf}" in word for word in target.serve.command)
+    if reason is None and takes_gguf and not has_gguf(config.model_dir):
+        reason = f"model {config.model_name}: {target.name} takes a GGUF file, and it has none"
+    return reason
 
 
 def placeholders(

@@ -244,3 +244,16 @@ def test_a_server_only_target_makes_scheduler_scenarios_unsupported(
     assert main(["run", "@scheduler", "-k", "s09", "--no-progress", "--target", "oracle", "--target", "tfserve"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert f"UNSUPPORTED 1 scenario(s) s09-self-preemption-recovery: {reason} (oracle vs tfserve)" in out  # fmt: skip
+
+
+def test_a_gguf_target_cannot_run_a_model_with_no_gguf_export(tmp_path: Path) -> None:
+    from parity.serve.targets import unsupported_reason
+
+    text = "[targets.llama]\ncommand = ['srv', '--model', '{model_gguf}', '--port', '{port}']\n"
+    target = parse_target("llama", load_project(_write(tmp_path, text)))
+    random = ServerConfig(model=str(tmp_path / "models" / "random"))
+    assert unsupported_reason(target, random) == (
+        "model random: llama takes a GGUF file, and it has none"
+    )
+    assert unsupported_reason(target, ServerConfig(model=str(tmp_path / "models" / "scripted"))) is None  # fmt: skip
+    assert not (tmp_path / "models").exists()  # deciding exports nothing
