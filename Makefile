@@ -131,7 +131,7 @@ soak: setup model
 # wheel; a no-op when the env is installed and its lock unchanged. Needs g++, cmake and ninja
 # (Debian's, installed when missing, like `make chromium`).
 LLAMA_CPP_VERSION := 0.3.36
-LLAMA_CPP_LOCK := constraints-llama-cpp.txt
+LLAMA_CPP_LOCK := ports/llama-cpp/constraints.txt
 LLAMA_CPP_VENV := .cache/ports/llama-cpp
 LLAMA_CPP_PIP := $(LLAMA_CPP_VENV)/bin/python -m pip
 LLAMA_CPP_STAMP := $(LLAMA_CPP_VENV)/.setup-stamp

@@ -27,6 +27,7 @@ Serve-tier targets: ``engine``, ``oracle``, ``oracle[unchecked]``, ``external:<c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -128,7 +129,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from parity.results import RunReport
     from parity.serve.suite import ServeSession, startup_failed
     from parity.serve.targets import parse_target
-    from parity.targets import make_target
 
     project = project_of(args)
     paths = args.paths or list(project.scenarios)
@@ -151,7 +151,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         reference_index(specs, args.record_target)  # a bad --record-target is exit 2 up front
     for spec in specs if serve else ():
         parse_target(spec, project)  # a bad spec is exit 2 before anything starts
-    targets = [make_target(spec, "scheduler", project) for spec in specs] if scheduler else []
+    targets, servers_only = _scheduler_targets(specs, project) if scheduler else ([], {})
     for index, target in enumerate(targets):  # equal names made distinct, as at the serve tier
         same = sum(1 for t in targets[:index] if t.name.split(" #", 1)[0] == target.name)
         if same:
@@ -165,7 +165,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if session is not None:
             session.begin()  # the first servers start while the scheduler tier runs
         with _progress(total, enabled=not args.no_progress) as mark:
-            results += _run_scheduler(scheduler, targets, mark, traces, project)
+            results += _run_scheduler(scheduler, targets, mark, traces, project, servers_only)
             if session is not None:
                 results += session.run(mark)
     finally:
@@ -209,23 +209,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _scheduler_targets(specs: list[str], project: Any) -> tuple[list, dict[str, str]]:
+    """The scheduler-tier targets of ``specs``, and the server-only ones (name: why not)."""
+    from parity.errors import NoSchedulerTier
+    from parity.targets import make_target
+
+    targets, servers_only = [], {}
+    for spec in specs:
+        try:
+            targets.append(make_target(spec, "scheduler", project))
+        except NoSchedulerTier as e:
+            servers_only[spec.strip()] = str(e)
+    return targets, servers_only
+
+
 def _run_scheduler(
     scenarios: list,
     targets: list,
     mark: Callable[..., None],
     traces: dict[str, tuple],
     project: Any = None,
+    servers_only: dict[str, str] | None = None,
 ) -> list:
-    from parity.runner import run_scenario
+    from parity.runner import run_with_servers_only
     from parity.targets import shutdown_targets
 
     results = []
     try:
         for scenario in scenarios:
-            label = " vs ".join(t.name for t in targets)
+            label = " vs ".join([*(t.name for t in targets), *(servers_only or {})])
             mark(scenario.id, label, "running")
-            result, runs = run_scenario(scenario, targets, project)
-            traces[scenario.id] = runs
+            result, runs = run_with_servers_only(scenario, targets, servers_only or {}, project)
+            if runs:
+                traces[scenario.id] = runs
             results.append(result)
             mark(scenario.id, label, "done")
     finally:
@@ -237,8 +253,10 @@ def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool
     """Expect failures and errors always; scenarios with NEW divergences with ``-v`` (the
     grouped causes say them otherwise)."""
     from parity.ledger import Verdict
+    from parity.ledger.classify import unexplained_expect_failures
 
-    if getattr(result, "expect_failures", ()) or getattr(result, "status", None) == "error":
+    unexplained = unexplained_expect_failures(result, ledger_report)  # type: ignore[arg-type]
+    if unexplained or getattr(result, "status", None) == "error":
         return True
     if getattr(result, "attempts", ()):
         return True  # a rerun: both observations are shown
@@ -252,7 +270,14 @@ def _needs_details(result: object, ledger_report: object, verbose: bool) -> bool
 
 def _exit_code(results: list, ledger_report: object, startup_failed: Callable) -> int:
     """3 a target failed to start when it should have; 1 NEW or STALE divergences or an
-    ``expect:`` failure; else 0 (parity, or every divergence KNOWN)."""
+    ``expect:`` failure the ledger does not explain; else 0 (parity, or every divergence
+    KNOWN)."""
+    from parity.ledger.classify import unexplained_expect_failures
+
+    results = [
+        dataclasses.replace(r, expect_failures=tuple(unexplained_expect_failures(r, ledger_report)))  # type: ignore[arg-type]
+        for r in results
+    ]
     if any(startup_failed(result) for result in results):
         return EXIT_TARGET_FAILED
     if ledger_report.exit_code or any(r.expect_failures for r in results):  # type: ignore[attr-defined]

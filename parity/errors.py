@@ -94,5 +94,10 @@ class TargetSpecError(ParityError):
     """An unknown or malformed ``--target`` value."""
 
 
+class NoSchedulerTier(TargetSpecError):
+    """A server-only target named at the scheduler tier: its scheduler scenarios are
+    UNSUPPORTED there (``parity.runner.unsupported_result``), never an error of the run."""
+
+
 class TargetStartError(ParityError):
     """A target refused to start with the scenario's config (the message says why)."""

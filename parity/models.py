@@ -17,6 +17,7 @@ from contract.scripted.builder import VARIANTS
 
 _LOCK = threading.Lock()
 GGUF_NAME = "model.gguf"
+GGUF_VARIANT = "scripted"  # the one variant contract.scripted.gguf exports
 
 
 def ensure_model(folder: Path) -> Path:
@@ -29,6 +30,12 @@ def ensure_model(folder: Path) -> Path:
 
             build(folder.name, folder)
     return folder
+
+
+def has_gguf(folder: Path) -> bool:
+    """Whether ``ensure_gguf`` can give a GGUF file of ``folder`` (it has one, or it is the
+    scripted model, the one variant ``contract.scripted.gguf`` exports)."""
+    return (folder / GGUF_NAME).is_file() or folder.name == GGUF_VARIANT
 
 
 def ensure_gguf(folder: Path) -> Path:

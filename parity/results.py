@@ -76,8 +76,11 @@ class RunSummary(JsonMixin):
     started: bool = True
     elapsed_s: float = 0.0
     notes: tuple[str, ...] = ()  # e.g. "upstream would refuse this config at startup: ..."
+    unsupported: str | None = None  # why the target could not run it (a server-only target)
 
     def describe(self) -> str:
+        if self.unsupported is not None:
+            return f"unsupported: {self.unsupported}"
         if not self.started:
             return f"refused to start: {self.error}"
         if self.error is not None:

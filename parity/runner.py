@@ -11,12 +11,16 @@ a long chunked prefill is.
 
 Outcomes are derived from the traces alone, the same way for every target, so two targets with
 identical traces have identical outcomes; both sides wedging identically is parity.
+
+A target with no scheduler tier (a server only) cannot run these scenarios: each pair with it is
+UNSUPPORTED (``run_with_servers_only``), said once per reason, never an error of the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +199,43 @@ def run_scenario(
         elapsed_s=round(time.perf_counter() - began, 6),
     )
     return result, runs
+
+
+def run_with_servers_only(
+    scenario: Scenario,
+    targets: Sequence[SchedulerTarget],
+    lacking: Mapping[str, str],
+    project: Any = None,
+) -> tuple[ScenarioResult, tuple[TargetRun, ...]]:
+    """``run_scenario`` on the ``targets`` that have a scheduler tier (when two do), plus a
+    placeholder run for each of ``lacking`` (name: why it has none), compared with nothing."""
+    if not lacking:
+        return run_scenario(scenario, targets, project)
+    placeholders = tuple(_unsupported(name, why) for name, why in lacking.items())
+    if len(targets) < 2:
+        why = next(iter(lacking.values()))
+        reference = tuple(_unsupported(t.name, why) for t in targets)
+        runs = (*reference, *placeholders)
+        result = ScenarioResult(
+            scenario_id=scenario.id,
+            file=scenario.file,
+            tier="scheduler",
+            targets=tuple(run.target for run in runs),
+            status=Status.UNSUPPORTED,
+            verdict=f"unsupported: {why}",
+            runs=runs,
+        )
+        return result, ()
+    result, traced = run_scenario(scenario, targets, project)
+    more = tuple(run.target for run in placeholders)
+    result = dataclasses.replace(
+        result, targets=result.targets + more, runs=result.runs + placeholders
+    )
+    return result, traced
+
+
+def _unsupported(target: str, why: str) -> RunSummary:
+    return RunSummary(target=target, num_steps=0, outcomes={}, started=False, unsupported=why)
 
 
 def _verdict(

@@ -72,7 +72,9 @@ def start_server(target: str, config: ServerConfig, log_path: Path) -> ServerHan
     for attempt in (1, 2):
         port = free_port()
         argv = server_argv(spec, config, port)
-        proc = ManagedProcess(argv, log_path=log_path, env=server_env(spec), cwd=server_cwd(spec))
+        proc = ManagedProcess(
+            argv, log_path=log_path, env=server_env(spec), cwd=server_cwd(spec, config)
+        )
         try:
             elapsed = proc.wait_healthy(
                 f"http://{HOST}:{port}/health", STARTUP_TIMEOUT_S, interval_s=HEALTH_POLL_S

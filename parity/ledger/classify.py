@@ -151,6 +151,25 @@ def exit_code(report: LedgerReport) -> int:
     return report.exit_code
 
 
+def unexplained_expect_failures(result: Any, report: LedgerReport) -> list[Any]:
+    """The result's ``expect:`` failures that fail the run. A failure of a target other than
+    the reference (the first), where the reference met that expectation, is explained when the
+    pair's divergences in that scenario are all KNOWN: the expectation says the reference's
+    behaviour, and the ledger decided this target's difference from it."""
+    reference = result.targets[0] if result.targets else None
+    met = {f.path for f in result.expect_failures if f.target == reference}
+    decided: dict[str, bool] = {}
+    for f in report.findings:
+        if f.scenario_id == result.scenario_id and f.left_target == reference:
+            known = f.verdict is Verdict.KNOWN
+            decided[f.right_target] = decided.get(f.right_target, True) and known
+    return [
+        f
+        for f in result.expect_failures
+        if f.target == reference or f.path in met or not decided.get(f.target, False)
+    ]
+
+
 def classify(
     results: Sequence[Any], ledger: Ledger, scenarios: Mapping[str, Any] | None = None
 ) -> LedgerReport:

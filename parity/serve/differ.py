@@ -7,7 +7,7 @@ path that ``parity.signatures`` understands:
   ``"started"`` / ``"refused: <key log line>"``); when both refused, ``startup.outcome``,
   ``startup.error_type`` (the exception class) and ``startup.numbers.<name>`` (the
   estimated maximum model length, the max seq len checked); when both started,
-  ``startup.numbers.auto_fit_max_model_len``.
+  ``startup.numbers.auto_fit_max_model_len`` (a number only when both logs print it).
 - ``facts.max_model_len`` / ``facts.model_id`` (kind ``models``): ``/v1/models`` (the id
   only when both servers were given the served model name).
 - ``requests.<id>.<field>`` per request copy (``<id>`` is the scenario id, or ``id#k`` for
@@ -237,8 +237,9 @@ def _diff_startup(out: _Out, a: StartupRecord, b: StartupRecord) -> bool:
     if not a.started:
         out.compare("startup.outcome", a.outcome, b.outcome)
         out.compare("startup.error_type", _error_type(a.error), _error_type(b.error))
-    for key in STARTUP_NUMBERS:
-        out.compare(f"startup.numbers.{key}", a.numbers.get(key), b.numbers.get(key))
+    for key in STARTUP_NUMBERS:  # log lines: a server that prints none says nothing about it
+        if key in a.numbers and key in b.numbers:
+            out.compare(f"startup.numbers.{key}", a.numbers[key], b.numbers[key])
     return a.started
 
 

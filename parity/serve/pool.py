@@ -325,7 +325,9 @@ class ServerPool:
             count = self._count
         log = self.log_dir / f"{count:02d}-{_slug(spec.label)}.log"
         began = time.monotonic()
-        process = ManagedProcess(argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec))
+        process = ManagedProcess(
+            argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec, config)
+        )
         record = dict(
             target=spec.label,
             argv=tuple(argv),

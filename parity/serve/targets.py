@@ -245,8 +245,15 @@ def server_flags(config: ServerConfig) -> list[str]:
 
 
 def unsupported_reason(target: TargetSpec, config: ServerConfig) -> str | None:
-    """Why ``target`` cannot run ``config`` (a scenario key it cannot take), or None."""
-    return config_flags(target, config)[1]
+    """Why ``target`` cannot run ``config`` (a scenario key it cannot take, or a model with no
+    GGUF export for a command that takes ``{model_gguf}``), or None."""
+    from parity.models import has_gguf
+
+    reason = config_flags(target, config)[1]
+    takes_gguf = any("{model_gguf}" in word for word in target.serve.command)
+    if reason is None and takes_gguf and not has_gguf(config.model_dir):
+        reason = f"model {config.model_name}: {target.name} takes a GGUF file, and it has none"
+    return reason
 
 
 def placeholders(
@@ -321,11 +328,12 @@ def file_target_problem(spec: str) -> str | None:
     return None
 
 
-def server_cwd(target: TargetSpec) -> str:
-    """The folder the server starts in: its ``cwd`` (relative to the project) or the project."""
+def server_cwd(target: TargetSpec, config: ServerConfig | None = None) -> str:
+    """The folder the server starts in: its ``cwd`` (placeholders expanded, the model ones with
+    a ``config``; relative to the project) or the project."""
     if target.serve.cwd is None:
         return target.root
-    return str(Path(target.root) / target.serve.cwd)
+    return str(Path(target.root) / _expand(target.serve.cwd, placeholders(target, config), target))
 
 
 def _expand(

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from parity.errors import TargetSpecError
+from parity.errors import NoSchedulerTier, TargetSpecError
 from parity.targets.base import TIERS, SchedulerTarget, Target
 
 # factory(argument) -> Target; argument is the text after "name:" ("" when absent)
@@ -70,7 +70,7 @@ def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Targ
         definition, version = lookup(name, project.targets, spec, tier)
         scheduler = definition.scheduler
         if scheduler is None:
-            raise TargetSpecError(f"target {name!r} has no scheduler tier (a server only)")
+            raise NoSchedulerTier(f"target {name!r} has no scheduler tier (a server only)")
         if scheduler.in_process is None:
             return _worker(name, version, scheduler, flags, project)
         factory = scheduler.in_process

@@ -722,3 +722,28 @@ def test_decide_cli_takes_the_pair_from_the_run_file_else_engine_oracle(
     with pytest.raises(LedgerError, match=r"last.json: s6:other:a.b names findings of several"):
         _run_cli(["decide", "s6:other:a.b", *base, "--last", str(last)])
     assert ledger.read_text() == before
+
+
+def test_a_decided_targets_expect_failures_do_not_fail_the_run() -> None:
+    from types import SimpleNamespace
+
+    from parity.ledger.classify import Finding, Verdict, unexplained_expect_failures
+    from parity.results import ExpectFailure
+
+    def failure(target: str, path: str = "expect.status.r1") -> ExpectFailure:
+        return ExpectFailure(target, path, 200, 400, "s.yaml:9")
+
+    def result(*failures: ExpectFailure) -> SimpleNamespace:
+        return SimpleNamespace(
+            scenario_id="s", targets=("oracle", "port"), expect_failures=failures
+        )
+
+    def report(verdict: Verdict) -> SimpleNamespace:
+        return SimpleNamespace(findings=[Finding("s", "s.yaml", "oracle", "port", verdict)])
+
+    port_only = result(failure("port"))
+    assert unexplained_expect_failures(port_only, report(Verdict.KNOWN)) == []  # type: ignore[arg-type]
+    assert unexplained_expect_failures(port_only, report(Verdict.NEW)) == [failure("port")]  # type: ignore[arg-type]
+    assert unexplained_expect_failures(port_only, report(Verdict.PASS)) == [failure("port")]  # type: ignore[arg-type]
+    both = result(failure("oracle"), failure("port"))  # the reference misses it too: real
+    assert unexplained_expect_failures(both, report(Verdict.KNOWN)) == list(both.expect_failures)  # type: ignore[arg-type]

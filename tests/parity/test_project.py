@@ -14,7 +14,13 @@ from parity.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from parity.errors import TargetSpecError
 from parity.project import ProjectError, find_project, load_project
 from parity.serve.spec import ServerConfig
-from parity.serve.targets import config_flags, parse_target, server_argv, server_env
+from parity.serve.targets import (
+    config_flags,
+    parse_target,
+    server_argv,
+    server_cwd,
+    server_env,
+)
 
 TFSERVE = """\
 [parity]
@@ -90,6 +96,14 @@ def test_a_named_target_spells_its_own_flags(tmp_path: Path) -> None:
         "4321",
     ]
     assert server_env(target, {})["HF_HUB_OFFLINE"] == "1"
+    assert server_cwd(target, config) == str(tmp_path)  # no cwd: the project folder
+
+
+def test_a_cwd_takes_the_model_placeholders(tmp_path: Path) -> None:
+    text = TFSERVE.replace('health = "/health"', 'health = "/health"\ncwd = "{model}/.."')
+    target = parse_target("tfserve", load_project(_write(tmp_path, text)))
+    config = ServerConfig(model=str(tmp_path / "models" / "m"))
+    assert Path(server_cwd(target, config)).resolve() == tmp_path / "models"
 
 
 def test_a_key_the_target_cannot_take_is_a_reason_not_a_flag(tmp_path: Path) -> None:
@@ -206,3 +220,40 @@ def test_run_at_default_works_from_any_folder(
     assert (tmp_path / "reports" / "last-run.json").is_file()
     assert (tmp_path / ".cache" / "models" / "scripted" / "config.json").is_file()  # on demand
     assert os.getcwd() == str(tmp_path)
+
+
+def test_a_server_only_target_makes_scheduler_scenarios_unsupported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, TFSERVE)
+    (tmp_path / "decisions").mkdir()
+    (tmp_path / "decisions" / "ledger.yaml").write_text("entries: []\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "@scheduler", "-k", "s09 or s10", "--no-progress", "--target", "engine"]
+    code = main([*args, "--target", "oracle", "--target", "tfserve"])
+    out = capsys.readouterr().out
+    assert code == EXIT_OK, out
+    reason = "target 'tfserve' has no scheduler tier (a server only)"
+    assert f"UNSUPPORTED 2 scenario(s) s09-self-preemption-recovery, s10-fcfs-victim-newest: {reason} (engine vs tfserve)" in out  # fmt: skip
+    report = json.loads((tmp_path / "reports" / "last-run.json").read_text(encoding="utf-8"))
+    verdicts = {(*f["targets"], f["verdict"]) for f in report["ledger"]["findings"]}
+    assert verdicts == {("engine", "oracle", "PASS"), ("engine", "tfserve", "UNSUPPORTED")}
+    statuses = {r["scenario_id"]: r["status"] for r in report["results"]}
+    assert statuses == {"s09-self-preemption-recovery": "pass", "s10-fcfs-victim-newest": "pass"}
+    # with no other scheduler-tier target the scenario is not run at all
+    assert main(["run", "@scheduler", "-k", "s09", "--no-progress", "--target", "oracle", "--target", "tfserve"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"UNSUPPORTED 1 scenario(s) s09-self-preemption-recovery: {reason} (oracle vs tfserve)" in out  # fmt: skip
+
+
+def test_a_gguf_target_cannot_run_a_model_with_no_gguf_export(tmp_path: Path) -> None:
+    from parity.serve.targets import unsupported_reason
+
+    text = "[targets.llama]\ncommand = ['srv', '--model', '{model_gguf}', '--port', '{port}']\n"
+    target = parse_target("llama", load_project(_write(tmp_path, text)))
+    random = ServerConfig(model=str(tmp_path / "models" / "random"))
+    assert unsupported_reason(target, random) == (
+        "model random: llama takes a GGUF file, and it has none"
+    )
+    assert unsupported_reason(target, ServerConfig(model=str(tmp_path / "models" / "scripted"))) is None  # fmt: skip
+    assert not (tmp_path / "models").exists()  # deciding exports nothing

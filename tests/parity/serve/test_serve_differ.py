@@ -173,6 +173,15 @@ def test_both_refused_compares_error_class_and_numbers() -> None:
     ]
 
 
+def test_a_startup_number_only_one_log_prints_is_not_compared() -> None:
+    a = StartupRecord("oracle", "started", numbers={"auto_fit_max_model_len": 96})
+    b = StartupRecord("other-server", "started")  # its log has no such line
+    assert diff_serve_runs(scenario(), run("oracle", startup=a), run("x", startup=b)) == ()
+    b = StartupRecord("other-server", "started", numbers={"auto_fit_max_model_len": 64})
+    found = diff_serve_runs(scenario(), run("oracle", startup=a), run("x", startup=b))
+    assert [d.path for d in found] == ["startup.numbers.auto_fit_max_model_len"]
+
+
 def test_error_bodies_are_compared_exactly() -> None:
     error = {"message": "max_tokens=100 cannot be greater", "type": "BadRequestError",
              "param": "max_tokens", "code": 400}  # fmt: skip
