@@ -105,18 +105,27 @@ def test_unknown_target_and_empty_selection_exit_2(capsys: pytest.CaptureFixture
 
 
 def test_scheduler_tier_engine_takes_divergence_profiles(
-    scripted_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    scripted_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     wedge = str(SCENARIOS / "port-wedge-bs16.yaml")
     profiled = f"engine:{scripted_model_dir} --divergence abort-unservable"
     argv = ["run", wedge, "--target", f"engine:{scripted_model_dir}", "--target", profiled]
     ledger = str(Path(__file__).resolve().parents[2] / "scenarios" / "ledger.yaml")
     # every divergence is KNOWN by the profile's entry; the file's expect block (a wedge at
-    # step 47) fails on the profiled engine, which finishes the request with an error instead
-    assert main([*argv, "--no-progress", "--ledger", ledger]) == EXIT_DIVERGENCE
+    # step 47) fails on the profiled engine, which finishes the request with an error instead:
+    # explained by the ledger (the reference met it and the pair's findings are all KNOWN)
+    json_out = tmp_path / "profiled-run.json"
+    assert main([*argv, "--no-progress", "--ledger", ledger, "--json", str(json_out)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "ledger: 0 pass, 7 known, 0 new, 0 stale" in out
-    assert "engine --divergence abort-unservable: expect.outcome.r1: expected 'wedged'" in out
+    (result,) = json.loads(json_out.read_text())["results"]
+    failed = [(f["target"], f["path"]) for f in result["expect_failures"]]
+    assert failed and all(t.endswith("--divergence abort-unservable") for t, _ in failed), failed
+    # with an empty ledger the divergences are NEW and the expect failure fails the run too
+    empty = tmp_path / "empty-ledger.yaml"
+    empty.write_text("entries: []\n")
+    assert main([*argv, "--no-progress", "--ledger", str(empty)]) == EXIT_DIVERGENCE
+    assert "expect.outcome.r1: expected 'wedged'" in capsys.readouterr().out
     for flags, message in [
         ("--divergence reasoning-content-field", "acts at the serve tier only"),
         ("--divergence nope", "unknown divergence profile 'nope'"),
