@@ -179,7 +179,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ledger_report = classify(results, ledger, {s.id: s for s in scenarios})
     color = sys.stdout.isatty()
     width = shutil.get_terminal_size((120, 24)).columns if color else 120
-    failing = [r for r in results if _needs_details(r, ledger_report, args.verbose)]
+    failing = [
+        r for r in results if startup_failed(r) or _needs_details(r, ledger_report, args.verbose)
+    ]
     sys.stdout.write(format_run_table(results, ledger_report, color=color, width=width))
     sys.stdout.write(format_notes(results))
     sys.stdout.write(format_causes(ledger_report))

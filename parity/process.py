@@ -53,6 +53,9 @@ def untrack(process: Stoppable) -> None:
     _LIVE.discard(process)
 
 
+CANNOT_RUN = "cannot run "  # how a StartupError for a command that could not be run begins
+
+
 class StartupError(RuntimeError):
     """A server exited or did not become healthy within its bound."""
 
@@ -95,15 +98,22 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            process_group=0,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                process_group=0,
+            )
+        except OSError as exc:  # no such program or folder, not executable: nothing started
+            self._log.close()
+            where = f" in {cwd}" if cwd is not None else ""
+            raise StartupError(
+                f"{CANNOT_RUN}{self.argv[0]!r}{where}: {exc.strerror or exc}"
+            ) from exc
         self.stop_record: StopRecord | None = None
         track(self)
 

@@ -325,9 +325,6 @@ class ServerPool:
             count = self._count
         log = self.log_dir / f"{count:02d}-{_slug(spec.label)}.log"
         began = time.monotonic()
-        process = ManagedProcess(
-            argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec, config)
-        )
         record = dict(
             target=spec.label,
             argv=tuple(argv),
@@ -336,6 +333,16 @@ class ServerPool:
             took=harness_args_taken(spec, config),
             load=load_now(),
         )
+        try:
+            process = ManagedProcess(
+                argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec, config)
+            )
+        except StartupError as exc:  # the command could not be run at all
+            startup = StartupRecord(
+                outcome="startup_refused", error=str(exc),
+                startup_s=round(time.monotonic() - began, 3), **record,  # type: ignore[arg-type]
+            )  # fmt: skip
+            return ServerHandle(spec, config, startup, None)
         try:
             elapsed = process.wait_healthy(f"http://{HOST}:{port}{spec.serve.health}", timeout_s)
         except StartupError as exc:

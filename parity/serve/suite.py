@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.machine import load_now
+from parity.process import CANNOT_RUN
 from parity.results import Attempt, Divergence, ExpectFailure, ScenarioResult, Status
 from parity.scenario import Scenario
 from parity.serve.differ import diff_serve_runs
@@ -359,7 +360,11 @@ def _verdict(
 
 def startup_failed(result: ScenarioResult) -> bool:
     """True when a target failed to start when it should have (exit code 3): no target
-    started and the scenario did not expect a refusal, or a startup ``expect`` failed."""
+    started and the scenario did not expect a refusal, a startup ``expect`` failed, or a
+    target's command could not be run at all (a setup error, not the server's behaviour)."""
     if result.status is Status.ERROR:
         return True
-    return any(f.path == STARTUP_PATH for f in result.expect_failures)
+    return any(
+        isinstance(run, ServeRun) and (run.startup.error or "").startswith(CANNOT_RUN)
+        for run in result.runs
+    ) or any(f.path == STARTUP_PATH for f in result.expect_failures)

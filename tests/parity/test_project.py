@@ -257,3 +257,36 @@ def test_a_gguf_target_cannot_run_a_model_with_no_gguf_export(tmp_path: Path) ->
     )
     assert unsupported_reason(target, ServerConfig(model=str(tmp_path / "models" / "scripted"))) is None  # fmt: skip
     assert not (tmp_path / "models").exists()  # deciding exports nothing
+
+
+@pytest.mark.parametrize(
+    ("command", "cwd", "said"),
+    [
+        ('["./no-such-server", "--port", "{port}"]', None, "cannot run './no-such-server'"),
+        ('["sh", "-c", "sleep 60", "{port}"]', "no-such-folder", "cannot run 'sh' in"),
+    ],
+)
+def test_a_command_that_cannot_run_is_a_refused_start_not_a_traceback(
+    tmp_path: Path, command: str, cwd: str | None, said: str
+) -> None:
+    from parity.serve import ServerPool
+
+    text = f"[targets.ghost]\ncommand = {command}\n" + (f'cwd = "{cwd}"\n' if cwd else "")
+    target = parse_target("ghost", load_project(_write(tmp_path, text)))
+    with ServerPool(tmp_path / "logs") as pool:
+        handle = pool.get(target, ServerConfig(model=str(tmp_path / "m")), startup_timeout_s=10)
+    assert handle.startup.outcome == "startup_refused" and handle.process is None
+    assert said in (handle.startup.error or ""), handle.startup.error
+    assert "No such file or directory" in (handle.startup.error or "")
+
+
+def test_a_target_whose_command_cannot_run_is_exit_3_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path, '[targets.ghost]\ncommand = ["./no-such-server", "--port", "{port}"]\nvllm_flags = true\n')  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    scenario = suites_root() / "serve" / "unknown-model-404.yaml"
+    args = ["run", str(scenario), "--tier", "serve", "--no-progress"]
+    assert main([*args, "--target", "engine", "--target", "ghost"]) == 3
+    out = capsys.readouterr().out
+    assert "ghost: startup_refused: cannot run './no-such-server' in" in out, out
