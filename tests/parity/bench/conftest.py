@@ -136,9 +136,10 @@ def make_results() -> Callable[..., dict[str, Any]]:
                               "statuses": {"pass": 10}, "divergences": []}},
             "harness": {"wedge": wedge,
                         "default_suite": {"elapsed_s": suite_s, "tiers": {} if suite_s is None else
-                                          {"serve": {"elapsed_s": suite_s, "returncode": 0,
-                                                     "loadavg_before": [1.0, 1, 1],
-                                                     "loadavg_after": [2.0, 1, 1]}}},
+                                          {tier: {"elapsed_s": suite_s / 2, "returncode": 0,
+                                                  "loadavg_before": [1.0, 1, 1],
+                                                  "loadavg_after": [2.0, 1, 1]}
+                                           for tier in ("scheduler", "serve")}},
                         "fresh_clone": {"elapsed_s": clone_s, "note": "n"}},
             "targets": [], "errors": [],
         }  # fmt: skip

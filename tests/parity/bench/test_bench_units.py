@@ -93,6 +93,9 @@ def test_targets_pass_and_fail_per_line(make_results) -> None:
     assert slow["fresh_clone"].passed is False and "load 1.0->2.0" in slow["default_suite"].note
     fast = {t.id: t for t in evaluate(make_results(suite_s=70.0, clone_s=110.0))}
     assert fast["default_suite"].passed is True and fast["fresh_clone"].passed is True
+    one_tier = make_results(suite_s=70.0)
+    del one_tier["harness"]["default_suite"]["tiers"]["serve"]  # quick mode: scheduler only
+    assert {t.id: t for t in evaluate(one_tier)}["default_suite"].passed is None
 
 
 def test_missing_phases_are_not_measured(make_results) -> None:
