@@ -7,7 +7,8 @@ path that ``parity.signatures`` understands:
   ``"started"`` / ``"refused: <key log line>"``); when both refused, ``startup.outcome``,
   ``startup.error_type`` (the exception class) and ``startup.numbers.<name>`` (the
   estimated maximum model length, the max seq len checked); when both started,
-  ``startup.numbers.auto_fit_max_model_len`` (a number only when both logs print it).
+  ``startup.numbers.auto_fit_max_model_len`` (only when both logs print it: a server that is
+  not vLLM prints no such line).
 - ``facts.max_model_len`` / ``facts.model_id`` (kind ``models``): ``/v1/models`` (the id
   only when both servers were given the served model name).
 - ``requests.<id>.<field>`` per request copy (``<id>`` is the scenario id, or ``id#k`` for
@@ -237,9 +238,11 @@ def _diff_startup(out: _Out, a: StartupRecord, b: StartupRecord) -> bool:
     if not a.started:
         out.compare("startup.outcome", a.outcome, b.outcome)
         out.compare("startup.error_type", _error_type(a.error), _error_type(b.error))
-    for key in STARTUP_NUMBERS:  # log lines: a server that prints none says nothing about it
-        if key in a.numbers and key in b.numbers:
-            out.compare(f"startup.numbers.{key}", a.numbers[key], b.numbers[key])
+    for key in STARTUP_NUMBERS:
+        # both refused: the numbers are part of what each refusal says. Both started: a log
+        # line a server does not print (a server that is not vLLM) says nothing about it.
+        if not a.started or (key in a.numbers and key in b.numbers):
+            out.compare(f"startup.numbers.{key}", a.numbers.get(key), b.numbers.get(key))
     return a.started
 
 
