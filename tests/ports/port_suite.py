@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from parity.bench.suite import timed_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE_TIMEOUT_S = 3000.0  # both servers restart per config; an oracle start takes minutes here
@@ -53,21 +53,18 @@ def command(name: str) -> list[str]:
     return [sys.executable, "-m", "parity.cli", "--config", config, *run]
 
 
-def run_port(name: str) -> SuiteRun:
+def run_port(name: str, log_dir: Path) -> SuiteRun:
+    """The suite in its own process group (``timed_command``): bounded, and on timeout the
+    harness gets SIGTERM first, so it reaps the servers it started before its group is killed."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    began = time.monotonic()
-    done = subprocess.run(
-        command(name),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SUITE_TIMEOUT_S,
-        check=False,
-    )
-    seconds = time.monotonic() - began
+    log = log_dir / f"{name}.log"
+    done = timed_command(command(name), cwd=ROOT, log=log, timeout_s=SUITE_TIMEOUT_S, env=env)
+    seconds = done["elapsed_s"]
     print(f"{name}: the default suite took {seconds:.0f} s")  # the wall time, shown with -s
-    return SuiteRun(done.returncode, done.stdout + done.stderr, seconds)
+    output = log.read_text(encoding="utf-8", errors="replace")
+    if "not finished within" in done.get("error", ""):
+        output += f"\n{done['error']}"
+    return SuiteRun(done["returncode"], output, seconds)
 
 
 def check(run: SuiteRun, expected_unsupported: list[str]) -> None:

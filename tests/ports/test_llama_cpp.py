@@ -8,6 +8,8 @@ every scenario that needs what llama.cpp lacks (token ids in replies, /metrics).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from port_suite import ROOT, check, run_port
 
@@ -21,10 +23,10 @@ EXPECTED_UNSUPPORTED = [
 ]
 
 
-def test_the_default_suite_runs_clean_against_the_oracle() -> None:
+def test_the_default_suite_runs_clean_against_the_oracle(tmp_path: Path) -> None:
     if not PORT_PYTHON.exists():
         pytest.fail(
             f"{PORT_PYTHON.relative_to(ROOT)} is missing: run `make port-llama-cpp` to build "
             "llama-cpp-python into the port env (the llama-cpp example needs it)"
         )
-    check(run_port("llama-cpp"), EXPECTED_UNSUPPORTED)
+    check(run_port("llama-cpp", tmp_path), EXPECTED_UNSUPPORTED)

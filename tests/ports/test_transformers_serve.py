@@ -7,6 +7,8 @@ request extension the server refuses (it answers 422 to unknown fields).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from port_suite import check, run_port
 
@@ -20,5 +22,5 @@ EXPECTED_UNSUPPORTED = [
 ]
 
 
-def test_the_default_suite_runs_clean_against_the_oracle() -> None:
-    check(run_port("transformers-serve"), EXPECTED_UNSUPPORTED)
+def test_the_default_suite_runs_clean_against_the_oracle(tmp_path: Path) -> None:
+    check(run_port("transformers-serve", tmp_path), EXPECTED_UNSUPPORTED)
