@@ -142,7 +142,7 @@ async def sigterm(
         while not stopper.done():
             began = time.monotonic()
             try:
-                resp = await client.get(f"{handle.url}/health")
+                resp = await client.get(f"{handle.url}{handle.target.serve.health}")
                 sample = HealthSample(round((began - sent) * 1000, 1), resp.status_code)
             except httpx.HTTPError as exc:
                 sample = HealthSample(

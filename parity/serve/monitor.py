@@ -1,4 +1,8 @@
-"""Per-target observer: ``/health`` and ``/metrics`` polled while requests are outstanding.
+"""Per-target observer: its readiness path and ``/metrics`` polled while requests are outstanding.
+
+The readiness path is the one the target declares (``health`` in its table, ``/health`` by
+default), and ``/metrics`` is read only from a target that has it (capability ``metrics``): a
+request to an endpoint the target says it lacks would only record the harness's own 404s.
 
 The monitor keeps the server-side half of progress detection: the time the token counter
 (``vllm:generation_tokens_total``) last changed. A request is stalled only when neither its own
@@ -34,8 +38,12 @@ class TargetMonitor:
         alive: Callable[[], bool],
         t0: float,
         poll_s: float = 0.25,
+        health_path: str = "/health",
+        metrics: bool = True,
     ) -> None:
         self.base_url = base_url
+        self.health_path = health_path
+        self.reads_metrics = metrics
         self.alive = alive
         self.t0 = t0
         self.poll_s = poll_s
@@ -56,7 +64,7 @@ class TargetMonitor:
     async def sample_health(self) -> HealthSample:
         began = time.monotonic()
         try:
-            resp = await self._client.get(f"{self.base_url}/health")
+            resp = await self._client.get(f"{self.base_url}{self.health_path}")
         except httpx.HTTPError as exc:
             sample = HealthSample(self.ms(began), None, error=_one_line(exc))
         else:
@@ -67,6 +75,8 @@ class TargetMonitor:
 
     async def sample_metrics(self) -> MetricsSnapshot:
         began = time.monotonic()
+        if not self.reads_metrics:
+            return MetricsSnapshot(self.ms(began), error="no /metrics (capability metrics = false)")
         try:
             resp = await self._client.get(f"{self.base_url}/metrics")
         except httpx.HTTPError as exc:
@@ -89,7 +99,8 @@ class TargetMonitor:
         self._last_metrics_at = now
 
     async def poll(self, stop: asyncio.Event) -> None:
-        """Sample /metrics every ``poll_s`` and /health every other poll until ``stop``."""
+        """Sample /metrics every ``poll_s`` and the readiness path every other poll until
+        ``stop``."""
         tick = 0
         while not stop.is_set():
             if self.alive():
@@ -119,7 +130,7 @@ class TargetMonitor:
         return "working" if running > 0 else "unknown"
 
     async def evidence(self) -> tuple[HealthSample, MetricsSnapshot]:
-        """A fresh /health and /metrics pair (taken concurrently)."""
+        """A fresh readiness and /metrics pair (taken concurrently)."""
         health, metrics = await asyncio.gather(self.sample_health(), self.sample_metrics())
         return health, metrics
 

@@ -156,7 +156,14 @@ async def arun_serve(
     began = time.monotonic()
     if not handle.startup.started:
         return _not_started(handle, requests, limits)
-    monitor = TargetMonitor(handle.url, alive=handle.alive, t0=began, poll_s=poll_s)
+    monitor = TargetMonitor(
+        handle.url,
+        alive=handle.alive,
+        t0=began,
+        poll_s=poll_s,
+        health_path=handle.target.serve.health,
+        metrics=handle.capabilities.get("metrics", True),
+    )
     stop = asyncio.Event()
     try:
         facts = await fetch_facts(handle.url)

@@ -22,7 +22,8 @@ with nothing running, as a wedged vLLM scheduler does.
 ``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
 with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
 and there is no ``/metrics``. ``GET /argv`` returns the command-line words it was started with
-(tests check how a target spelled its flags).
+(tests check how a target spelled its flags). Every request's method and path is logged to
+stderr (tests check which endpoints the harness polled).
 """
 
 from __future__ import annotations
@@ -144,10 +145,12 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         length = int(headers.get("content-length") or headers.get("Content-Length") or 0)
         body = json.loads(await reader.readexactly(length)) if length else {}
         extra = sorted(set(body) - STANDARD_FIELDS) if isinstance(body, dict) else []
+        print(f"request {method} {path}", file=sys.stderr, flush=True)
         if path == "/health":
             await _send_json(writer, 200, {})
         elif path == "/argv":
             await _send_json(writer, 200, ARGV)
+
         elif STRICT["on"] and path == "/metrics":
             await _send_json(writer, 404, {"error": {"message": "not found", "code": 404}})
         elif STRICT["on"] and method == "POST" and extra:

@@ -36,6 +36,15 @@ startup_timeout_s = 60
 block_size = ["--bs", "{{value}}"]
 max_model_len = false
 
+[targets.quiet]
+command = ["{sys.executable}", "{FAKE_SERVER}", "--port", "{{port}}", "--strict"]
+health = "/v1/models"
+startup_timeout_s = 60
+[targets.quiet.flags]
+block_size = ["--bs", "{{value}}"]
+[targets.quiet.capabilities]
+metrics = false
+
 [targets.lenient]
 command = ["{sys.executable}", "{FAKE_SERVER}", "--port", "{{port}}"]
 vllm_flags = true
@@ -123,6 +132,29 @@ def test_a_port_target_gets_its_flags_and_no_field_it_did_not_ask_for(
         ("no-len", Verdict.UNSUPPORTED),
     }
     assert report.exit_code == 0
+
+
+def test_the_monitor_polls_the_declared_readiness_path_and_no_metrics_it_lacks(
+    port_project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    project = load_project(port_project / "parity.toml")
+    scenarios = {s.id: s for s in load_scenarios([port_project / "scenarios"])}
+    with ServerPool(tmp_path_factory.mktemp("logs")) as pool:
+        quiet = parse_target("quiet", project)
+        plan = ServePlan.of(scenarios["plain"], project)
+        handle = pool.get(quiet, plan.config)
+        assert handle.startup.started, handle.startup.describe()
+        results = run_serve_scenarios(
+            [scenarios["plain"]], ["lenient", "quiet"], pool=pool, project=project
+        )
+        assert handle.log_path is not None
+        log = handle.log_path.read_text(encoding="utf-8")
+    paths = [line.split()[-1] for line in log.splitlines() if line.startswith("request GET ")]
+    assert "/health" not in paths and "/metrics" not in paths, paths
+    assert paths.count("/v1/models") >= 3  # the startup wait and the monitor's samples
+    run = results[0].runs[1]
+    assert run.health and {h.status for h in run.health} == {200}
+    assert results[0].status is Status.PASS, [d.describe() for d in results[0].divergences]
 
 
 def test_the_cli_run_from_the_port_folder_reads_as_a_short_list(
