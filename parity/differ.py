@@ -16,7 +16,7 @@ from dataclasses import fields
 from typing import Any
 
 from contract.trace import StepTrace
-from parity.results import Divergence, RequestOutcome, TargetRun
+from parity.results import Divergence, DivergenceCollector, RequestOutcome, TargetRun
 from parity.scenario import Scenario
 
 TRACE_FIELDS = tuple(f.name for f in fields(StepTrace))
@@ -33,14 +33,11 @@ OUTCOME_FIELDS = (
 _FIELD_CONFIG_KEY = {"num_free_blocks": "num_gpu_blocks_override"}
 
 
-class _Builder:
+class _Builder(DivergenceCollector):
     """Creates divergences for one pair of runs, with locations from the scenario."""
 
     def __init__(self, scenario: Scenario, left: TargetRun, right: TargetRun) -> None:
-        self.scenario = scenario
-        self.left_target = left.target
-        self.right_target = right.target
-        self.found: list[Divergence] = []
+        super().__init__(scenario, left.target, right.target)
 
     def add(
         self,
@@ -58,18 +55,7 @@ class _Builder:
             location = self.scenario.location(("config", config_key))
         else:
             location = self.scenario.location()
-        self.found.append(
-            Divergence(
-                kind=kind,
-                path=path,
-                left=_plain(left),
-                right=_plain(right),
-                step=step,
-                location=location,
-                left_target=self.left_target,
-                right_target=self.right_target,
-            )
-        )
+        self.record(kind, path, left, right, location, step)
 
 
 def diff_runs(scenario: Scenario, left: TargetRun, right: TargetRun) -> tuple[Divergence, ...]:
@@ -161,12 +147,3 @@ def _first_difference(a: tuple[Any, ...], b: tuple[Any, ...]) -> str | None:
 
 def _startup(started: bool, error: str | None) -> str:
     return "started" if started else f"refused: {error}"
-
-
-def _plain(value: Any) -> Any:
-    """JSON-friendly value (tuples to lists, recursively)."""
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

@@ -127,6 +127,43 @@ class Divergence(JsonMixin):
         )
 
 
+class DivergenceCollector:
+    """Collects the divergences of one pair of runs of ``scenario`` (both tiers' differs build
+    on it): each carries both targets' labels and JSON-friendly values (tuples as lists, dict
+    keys as strings, as a report stores them)."""
+
+    def __init__(self, scenario: Any, left_target: str, right_target: str) -> None:
+        self.scenario = scenario
+        self.left_target = left_target
+        self.right_target = right_target
+        self.found: list[Divergence] = []
+
+    def record(
+        self, kind: str, path: str, left: Any, right: Any, location: str, step: int | None = None
+    ) -> None:
+        self.found.append(
+            Divergence(
+                kind=kind,
+                path=path,
+                left=plain(left),
+                right=plain(right),
+                step=step,
+                location=location,
+                left_target=self.left_target,
+                right_target=self.right_target,
+            )
+        )
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON stores it: tuples and lists as lists, dict keys as strings."""
+    if isinstance(value, tuple | list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class ExpectFailure(JsonMixin):
     """One ``expect:`` entry a target did not meet."""

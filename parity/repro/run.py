@@ -38,17 +38,22 @@ from parity.repro.evidence import (
 from parity.repro.hold import HoldingTransport
 from parity.repro.spec import Leg, Repro
 from parity.repro.verdict import TargetLeg, judge_scheduler, judge_serve
-from parity.serve.client import observe_request
 from parity.serve.monitor import TargetMonitor
-from parity.serve.observe import MetricsSnapshot, RequestObservation
+from parity.serve.observe import MetricsSnapshot
 from parity.serve.pool import ServerHandle, ServerPool
-from parity.serve.run import ServeRun, TargetFacts, fetch_facts
-from parity.serve.spec import ServeLimits, ServeRequestSpec, from_scenario
+from parity.serve.run import (
+    ServeRun,
+    fetch_facts,
+    monitor_for,
+    not_started,
+    request_timeout,
+    send_all,
+)
+from parity.serve.spec import from_scenario
 from parity.serve.targets import TargetSpec, parse_target
 
 OnResult = Callable[[TargetLeg], None]
 LOG_TAIL_BYTES = 6000
-RUN_SLACK_S = 15.0
 
 
 class RecordingMonitor(TargetMonitor):
@@ -159,17 +164,8 @@ async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLe
     _, requests, limits = from_scenario(scenario)
     began = time.monotonic()
     if not handle.startup.started:
-        run = ServeRun(
-            target=handle.label,
-            startup=handle.startup,
-            observations=tuple(
-                _refused(handle, spec, cid) for spec in requests for cid in spec.copy_ids()
-            ),
-            limits=limits,
-            log_tail=handle.log_tail(LOG_TAIL_BYTES),
-        )
-        return judge_serve(leg, scenario, run, elapsed_s=0.0)
-    monitor = RecordingMonitor(handle.url, alive=handle.alive, t0=began, poll_s=leg.limits.poll_s)
+        return judge_serve(leg, scenario, not_started(handle, requests, limits), elapsed_s=0.0)
+    monitor = monitor_for(handle, began, leg.limits.poll_s, RecordingMonitor)
     transport = HoldingTransport()
     stop = asyncio.Event()
     evidence: WedgeEvidence | None = None
@@ -179,9 +175,9 @@ async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLe
         before = await monitor.sample_metrics()
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
-        timeout = httpx.Timeout(10.0, read=limits.request_timeout_s + 10.0)
+        timeout = request_timeout(limits)
         async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
-            observations = await _send_all(client, handle, requests, limits, monitor, facts)
+            observations = await send_all(handle, requests, limits, monitor, facts, client=client)
             held = transport.held
             stalled = any(o.stall is not None for o in observations)
             if stalled or leg.sends_sigterm:
@@ -233,76 +229,6 @@ async def _evidence(handle: ServerHandle, monitor: TargetMonitor) -> WedgeEviden
         stack=stack,
         stack_note=stack_note,
         t_ms=monitor.ms(time.monotonic()),
-    )
-
-
-async def _send_all(
-    client: httpx.AsyncClient,
-    handle: ServerHandle,
-    requests: Sequence[ServeRequestSpec],
-    limits: ServeLimits,
-    monitor: TargetMonitor,
-    facts: TargetFacts,
-) -> list[RequestObservation]:
-    model = handle.model_name
-    names = {
-        str(m.get("id")) for m in (facts.models or {}).get("data") or [] if isinstance(m, dict)
-    }
-    if facts.models is not None and model not in names and facts.model_id:
-        model = facts.model_id
-    phase_t0 = time.monotonic()
-
-    async def one(
-        spec: ServeRequestSpec, copy_id: str, gate: asyncio.Semaphore
-    ) -> RequestObservation:
-        delay = spec.at_ms / 1000.0 - (time.monotonic() - phase_t0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-        async with gate:
-            return await observe_request(
-                client, handle.url, spec, copy_id, model=model, monitor=monitor, limits=limits
-            )
-
-    tasks = [
-        asyncio.create_task(one(spec, copy_id, gate))
-        for spec in requests
-        for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
-        for copy_id in spec.copy_ids()
-    ]
-    waves = max(-(-s.repeat // (s.concurrency or s.repeat)) for s in requests)
-    overall = max(s.at_ms for s in requests) / 1000.0 + limits.request_timeout_s * waves
-    done, pending = await asyncio.wait(tasks, timeout=overall + RUN_SLACK_S)
-    for task in pending:
-        task.cancel()
-    if pending:
-        await asyncio.wait(pending, timeout=5.0)
-    results = []
-    copies = [(spec, cid) for spec in requests for cid in spec.copy_ids()]
-    for task, (spec, cid) in zip(tasks, copies, strict=True):
-        if task in done and not task.cancelled():
-            results.append(task.result())
-        else:
-            results.append(
-                RequestObservation(
-                    request_id=cid,
-                    spec_id=spec.id,
-                    endpoint=spec.endpoint,
-                    stream=spec.stream,
-                    outcome="timeout",
-                    detail="the leg's overall bound ran out",
-                )  # fmt: skip
-            )
-    return results
-
-
-def _refused(handle: ServerHandle, spec: ServeRequestSpec, copy_id: str) -> RequestObservation:
-    return RequestObservation(
-        request_id=copy_id,
-        spec_id=spec.id,
-        endpoint=spec.endpoint,
-        stream=spec.stream,
-        outcome=handle.startup.outcome,
-        detail=handle.startup.error or handle.startup.outcome,
     )
 
 

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from parity.results import Divergence
+from parity.results import Divergence, DivergenceCollector
 from parity.scenario import Scenario
 from parity.serve.observe import RequestObservation
 from parity.serve.pool import StartupRecord
@@ -145,14 +145,11 @@ def rule_for(path: str) -> Rule:
     return RULES[next(family for family in _FAMILIES if key.startswith(family))]
 
 
-class _Out:
+class _Out(DivergenceCollector):
     """Collects the divergences of one pair of runs, with scenario locations."""
 
     def __init__(self, scenario: Scenario, left: ServeRun, right: ServeRun) -> None:
-        self.scenario = scenario
-        self.left_target = left.target
-        self.right_target = right.target
-        self.found: list[Divergence] = []
+        super().__init__(scenario, left.target, right.target)
 
     def slack(self, rule: Rule) -> float | None:
         """A tolerance rule's allowed difference (None: not compared)."""
@@ -189,18 +186,7 @@ class _Out:
             location = self.scenario.location(("config",))
         else:
             location = self.scenario.location()
-        self.found.append(
-            Divergence(
-                kind=kind,
-                path=path,
-                left=_plain(left),
-                right=_plain(right),
-                step=None,
-                location=location,
-                left_target=self.left_target,
-                right_target=self.right_target,
-            )
-        )
+        self.record(kind, path, left, right, location)
 
 
 def diff_serve_runs(scenario: Scenario, left: ServeRun, right: ServeRun) -> tuple[Divergence, ...]:
@@ -660,11 +646,3 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value

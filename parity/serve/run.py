@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -36,6 +36,7 @@ from parity.serve.spec import ServeLimits, ServerConfig, ServeRequestSpec, from_
 CANCEL_S = 5.0
 RUN_SLACK_S = 15.0  # beyond the last arrival + request_timeout_s: evidence sampling, cancels
 LOG_TAIL_BYTES = 6000
+M = TypeVar("M", bound=TargetMonitor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,22 +156,15 @@ async def arun_serve(
     limits = limits or ServeLimits()
     began = time.monotonic()
     if not handle.startup.started:
-        return _not_started(handle, requests, limits)
-    monitor = TargetMonitor(
-        handle.url,
-        alive=handle.alive,
-        t0=began,
-        poll_s=poll_s,
-        health_path=handle.target.serve.health,
-        metrics=handle.capabilities.get("metrics", True),
-    )
+        return not_started(handle, requests, limits)
+    monitor = monitor_for(handle, began, poll_s, TargetMonitor)
     stop = asyncio.Event()
     try:
         facts = await fetch_facts(handle.url)
         before = await monitor.sample_metrics()
         await monitor.sample_health()
         poller = asyncio.create_task(monitor.poll(stop))
-        observations = await _send_all(handle, requests, limits, monitor, facts)
+        observations = await send_all(handle, requests, limits, monitor, facts)
         observations = [with_text_ids(o, handle.config.model_dir) for o in observations]
         stop.set()
         await asyncio.wait({poller}, timeout=5.0)
@@ -197,35 +191,57 @@ async def arun_serve(
     )
 
 
-async def _send_all(
+def monitor_for(handle: ServerHandle, t0: float, poll_s: float, kind: type[M]) -> M:
+    """A monitor of ``handle``'s server: its declared readiness path, /metrics if it has it."""
+    return kind(
+        handle.url,
+        alive=handle.alive,
+        t0=t0,
+        poll_s=poll_s,
+        health_path=handle.target.serve.health,
+        metrics=handle.capabilities.get("metrics", True),
+    )
+
+
+def request_timeout(limits: ServeLimits) -> httpx.Timeout:
+    """A request's transport bounds: 10 s to connect, its own limit (plus slack) per read."""
+    return httpx.Timeout(10.0, read=limits.request_timeout_s + 10.0)
+
+
+async def send_all(
     handle: ServerHandle,
     requests: Sequence[ServeRequestSpec],
     limits: ServeLimits,
     monitor: TargetMonitor,
     facts: TargetFacts,
+    *,
+    client: httpx.AsyncClient | None = None,
 ) -> list[RequestObservation]:
+    """Every copy of ``requests`` on ``handle``'s server, each at its ``at_ms`` and within its
+    spec's concurrency, on ``client`` (default: a fresh one), the whole run bounded."""
+    if client is None:
+        pool_limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+        async with httpx.AsyncClient(timeout=request_timeout(limits), limits=pool_limits) as own:
+            return await send_all(handle, requests, limits, monitor, facts, client=own)
     model = handle.model_name  # the --served-model-name we passed, unless the server ignored it
     if facts.models is not None and model not in _served_names(facts.models) and facts.model_id:
         model = facts.model_id
-    timeout = httpx.Timeout(10.0, read=limits.request_timeout_s + 10.0)
-    pool_limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
     overall = max((r.at_ms for r in requests), default=0.0) / 1000.0
     overall += limits.request_timeout_s * max((_waves(r) for r in requests), default=1)
     overall += RUN_SLACK_S
-    async with httpx.AsyncClient(timeout=timeout, limits=pool_limits) as client:
-        phase_t0 = time.monotonic()  # at_ms counts from here
-        tasks = [
-            asyncio.create_task(
-                _copy(client, handle, spec, copy_id, gate, model, monitor, limits, phase_t0)
-            )
-            for spec in requests
-            for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
-            for copy_id in spec.copy_ids()
-        ]
-        done, pending = await asyncio.wait(tasks, timeout=overall)
-        for task in pending:  # a backstop: each copy bounds itself well before this
-            task.cancel()
-        await asyncio.wait(pending, timeout=CANCEL_S) if pending else None
+    phase_t0 = time.monotonic()  # at_ms counts from here
+    tasks = [
+        asyncio.create_task(
+            _copy(client, handle, spec, copy_id, gate, model, monitor, limits, phase_t0)
+        )
+        for spec in requests
+        for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
+        for copy_id in spec.copy_ids()
+    ]
+    done, pending = await asyncio.wait(tasks, timeout=overall)
+    for task in pending:  # a backstop: each copy bounds itself well before this
+        task.cancel()
+    await asyncio.wait(pending, timeout=CANCEL_S) if pending else None
     results: list[RequestObservation] = []
     copies = [(spec, copy_id) for spec in requests for copy_id in spec.copy_ids()]
     for task, (spec, copy_id) in zip(tasks, copies, strict=True):
@@ -291,9 +307,10 @@ def _waves(spec: ServeRequestSpec) -> int:
     return -(-spec.repeat // width)
 
 
-def _not_started(
+def not_started(
     handle: ServerHandle, requests: Sequence[ServeRequestSpec], limits: ServeLimits
 ) -> ServeRun:
+    """The run of a server that did not start: each copy ends as its startup did."""
     outcome = handle.startup.outcome
     observations = tuple(
         RequestObservation(
