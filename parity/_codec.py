@@ -17,6 +17,16 @@ from typing import Any, TypeVar, Union
 T = TypeVar("T")
 
 
+def plain(value: Any) -> Any:
+    """``value`` as JSON-like data (tuples become lists, dict keys strings): the form in which
+    values are compared and stored in reports."""
+    if isinstance(value, tuple | list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return value
+
+
 def to_json(value: Any) -> Any:
     """Plain JSON values (dict, list, str, int, float, bool, None) for ``value``."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

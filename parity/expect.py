@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from parity._codec import plain
 from parity.results import ExpectFailure, TargetRun
 from parity.scenario import Scenario
 
@@ -61,12 +62,3 @@ def check_expect(scenario: Scenario, run: TargetRun) -> list[ExpectFailure]:
             actual = getattr(trace, name) if trace is not None else None
             check(("expect", "steps", step, name), expected, actual)
     return failures
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON-like data (tuples become lists, keys strings), the form compared."""
-    if isinstance(value, tuple | list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return value

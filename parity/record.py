@@ -31,9 +31,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from parity._codec import plain
 from parity._roundtrip import dump, round_trip, write_atomic
 from parity.errors import ParityError
-from parity.expect import plain
 from parity.results import TargetRun
 from parity.scenario import Scenario
 

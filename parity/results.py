@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.trace import StepTrace
-from parity._codec import JsonMixin
+from parity._codec import JsonMixin, plain
 from parity.machine import LoadSample
 from parity.serve.run import ServeRun
 
@@ -153,15 +153,6 @@ class DivergenceCollector:
                 right_target=self.right_target,
             )
         )
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON stores it: tuples and lists as lists, dict keys as strings."""
-    if isinstance(value, tuple | list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return value
 
 
 @dataclass(frozen=True, slots=True)

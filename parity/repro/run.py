@@ -41,14 +41,7 @@ from parity.repro.verdict import TargetLeg, judge_scheduler, judge_serve
 from parity.serve.monitor import TargetMonitor
 from parity.serve.observe import MetricsSnapshot
 from parity.serve.pool import ServerHandle, ServerPool
-from parity.serve.run import (
-    ServeRun,
-    fetch_facts,
-    monitor_for,
-    not_started,
-    request_timeout,
-    send_all,
-)
+from parity.serve.run import Watch, not_started, request_timeout, send_all
 from parity.serve.spec import from_scenario
 from parity.serve.targets import TargetSpec, parse_target
 
@@ -162,49 +155,33 @@ async def _serve_leg(repro: Repro, index: int, handle: ServerHandle) -> TargetLe
     leg = repro.legs[index]
     scenario = repro.leg_scenario(index)
     _, requests, limits = from_scenario(scenario)
-    began = time.monotonic()
     if not handle.startup.started:
         return judge_serve(leg, scenario, not_started(handle, requests, limits), elapsed_s=0.0)
-    monitor = monitor_for(handle, began, leg.limits.poll_s, RecordingMonitor)
+    watch = Watch(handle, limits, leg.limits.poll_s, RecordingMonitor)
+    monitor = watch.monitor
     transport = HoldingTransport()
-    stop = asyncio.Event()
     evidence: WedgeEvidence | None = None
     term: SigtermRecord | None = None
     try:
-        facts = await fetch_facts(handle.url)
-        before = await monitor.sample_metrics()
-        await monitor.sample_health()
-        poller = asyncio.create_task(monitor.poll(stop))
+        await watch.start()
         timeout = request_timeout(limits)
         async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
-            observations = await send_all(handle, requests, limits, monitor, facts, client=client)
+            observations = await send_all(
+                handle, requests, limits, monitor, watch.facts, client=client
+            )
             held = transport.held
             stalled = any(o.stall is not None for o in observations)
             if stalled or leg.sends_sigterm:
                 evidence = await _evidence(handle, monitor)
             if leg.sends_sigterm:
                 term = await sigterm(handle, leg.limits.sigterm_grace_s, len(held), held)
-            stop.set()
-            await asyncio.wait({poller}, timeout=5.0)
-            after = await monitor.sample_metrics() if handle.alive() else None
-            if handle.alive():
-                await monitor.sample_health()
+            await watch.finish()
             await transport.release()
     finally:
-        stop.set()
         await transport.aclose()
-        await monitor.aclose()
-    run = ServeRun(
-        target=handle.label,
-        startup=handle.startup,
-        observations=tuple(observations),
-        facts=facts,
-        health=tuple(monitor.health),
-        metrics_before=before,
-        metrics_after=after,
-        limits=limits,
-        elapsed_s=round(time.monotonic() - began, 3),
-        server_alive_after=handle.alive(),
+        await watch.aclose()
+    run = watch.result(
+        observations,
         log_tail=handle.log_tail(LOG_TAIL_BYTES),
         sigterm=term.label if term is not None else None,
     )

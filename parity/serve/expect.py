@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parity.expect import plain
+from parity._codec import plain
 from parity.results import ExpectFailure
 from parity.scenario import Scenario
 from parity.serve.observe import RequestObservation

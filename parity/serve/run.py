@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -154,41 +154,75 @@ async def arun_serve(
 ) -> ServeRun:
     """The async form of ``run_serve``."""
     limits = limits or ServeLimits()
-    began = time.monotonic()
     if not handle.startup.started:
         return not_started(handle, requests, limits)
-    monitor = monitor_for(handle, began, poll_s, TargetMonitor)
-    stop = asyncio.Event()
+    watch = Watch(handle, limits, poll_s, TargetMonitor)
     try:
-        facts = await fetch_facts(handle.url)
-        before = await monitor.sample_metrics()
-        await monitor.sample_health()
-        poller = asyncio.create_task(monitor.poll(stop))
-        observations = await send_all(handle, requests, limits, monitor, facts)
+        await watch.start()
+        observations = await send_all(handle, requests, limits, watch.monitor, watch.facts)
         observations = [with_text_ids(o, handle.config.model_dir) for o in observations]
-        stop.set()
-        await asyncio.wait({poller}, timeout=5.0)
-        after = await monitor.sample_metrics() if handle.alive() else None
-        if handle.alive():
-            await monitor.sample_health()
+        await watch.finish()
     finally:
-        stop.set()
-        await monitor.aclose()
+        await watch.aclose()
     troubled = any(o.outcome not in ("completed", "http_error") for o in observations)
-    return ServeRun(
-        target=handle.label,
-        startup=handle.startup,
-        observations=tuple(observations),
-        facts=facts,
-        health=tuple(monitor.health),
-        metrics_before=before,
-        metrics_after=after,
-        limits=limits,
-        elapsed_s=round(time.monotonic() - began, 3),
-        server_alive_after=handle.alive(),
+    return watch.result(
+        observations,
         log_tail=handle.log_tail(LOG_TAIL_BYTES) if troubled else "",
         capabilities=dict(handle.capabilities),
     )
+
+
+class Watch(Generic[M]):
+    """The server-side half of one run on ``handle``: ``/v1/models`` facts and a ``/metrics``
+    sample before, the monitor polling while the requests run, ``/metrics`` and readiness
+    after (``start``, ``finish``, ``aclose``); ``result`` is the run's ``ServeRun``."""
+
+    def __init__(
+        self, handle: ServerHandle, limits: ServeLimits, poll_s: float, kind: type[M]
+    ) -> None:
+        self.handle = handle
+        self.limits = limits
+        self.began = time.monotonic()
+        self.monitor = monitor_for(handle, self.began, poll_s, kind)
+        self.facts = TargetFacts()
+        self.before: MetricsSnapshot | None = None
+        self.after: MetricsSnapshot | None = None
+        self._stop = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.facts = await fetch_facts(self.handle.url)
+        self.before = await self.monitor.sample_metrics()
+        await self.monitor.sample_health()
+        self._poller = asyncio.create_task(self.monitor.poll(self._stop))
+
+    async def finish(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            await asyncio.wait({self._poller}, timeout=5.0)
+        if self.handle.alive():
+            self.after = await self.monitor.sample_metrics()
+            await self.monitor.sample_health()
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        await self.monitor.aclose()
+
+    def result(self, observations: Sequence[RequestObservation], **extra: Any) -> ServeRun:
+        """The run: ``observations`` and what was watched; ``extra`` fields as given."""
+        return ServeRun(
+            target=self.handle.label,
+            startup=self.handle.startup,
+            observations=tuple(observations),
+            facts=self.facts,
+            health=tuple(self.monitor.health),
+            metrics_before=self.before,
+            metrics_after=self.after,
+            limits=self.limits,
+            elapsed_s=round(time.monotonic() - self.began, 3),
+            server_alive_after=self.handle.alive(),
+            **extra,
+        )
 
 
 def monitor_for(handle: ServerHandle, t0: float, poll_s: float, kind: type[M]) -> M:
