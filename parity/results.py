@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +154,29 @@ class DivergenceCollector:
                 right_target=self.right_target,
             )
         )
+
+
+def compared_verdict(
+    divergences: Sequence[Divergence],
+    failures: Sequence[ExpectFailure],
+    targets: Sequence[str],
+    described: str,
+) -> tuple[Status, str]:
+    """A scenario's status and one-line verdict once its ``targets`` ran (both tiers): the
+    first divergence, else the first expect failure, else parity (``described``: what ran)."""
+    if divergences:
+        first = divergences[0]
+        where = f" at step {first.step}" if first.step is not None else ""
+        return Status.DIVERGENCE, f"diverged{where}: {first.path} ({len(divergences)} differences)"
+    if failures:
+        failure = failures[0]
+        return (
+            Status.EXPECT_FAILED,
+            f"expect failed on {failure.target}: {failure.path} ({len(failures)} failures)",
+        )
+    if len(targets) == 1:
+        return Status.PASS, f"{targets[0]}: {described}"
+    return Status.PASS, f"parity: {'both' if len(targets) == 2 else 'all'} {described}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from parity.results import (
     Status,
     TargetRun,
     Wedge,
+    compared_verdict,
 )
 from parity.scenario import ConfigSpec, Scenario
 from parity.targets.base import SchedulerTarget
@@ -243,19 +244,5 @@ def _verdict(
 ) -> tuple[Status, str]:
     if runs and all(not run.summary.started for run in runs):
         return Status.ERROR, f"no target started: {runs[0].summary.error}"
-    if divergences:
-        first = divergences[0]
-        where = f" at step {first.step}" if first.step is not None else ""
-        return Status.DIVERGENCE, f"diverged{where}: {first.path} ({len(divergences)} differences)"
-    if failures:
-        first_failure = failures[0]
-        return (
-            Status.EXPECT_FAILED,
-            f"expect failed on {first_failure.target}: {first_failure.path} "
-            f"({len(failures)} failures)",
-        )
     described = runs[0].summary.describe() if runs else "no targets"
-    if len(runs) == 1:
-        return Status.PASS, f"{runs[0].target}: {described}"
-    prefix = "both" if len(runs) == 2 else "all"
-    return Status.PASS, f"parity: {prefix} {described}"
+    return compared_verdict(divergences, failures, [run.target for run in runs], described)

@@ -35,7 +35,7 @@ from parity._yaml import LineMap, Path, line_of
 
 Tier = Literal["scheduler", "serve", "both"]
 Outcome = Literal["finished", "wedged", "unfinished", "crashed"]
-# serve tier: parity.serve.observe.OUTCOMES
+# serve tier (parity.serve.observe.OUTCOMES is this list)
 ServeOutcome = Literal[
     "completed",
     "http_error",

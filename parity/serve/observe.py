@@ -29,24 +29,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from parity._codec import JsonMixin
 from parity.machine import LoadSample
+from parity.scenario import ServeOutcome
 
-OUTCOMES = (
-    "completed",
-    "http_error",
-    "zero_byte_hang",
-    "mid_stream_stall",
-    "disconnected",
-    "timeout",
-    "startup_refused",
-    "startup_timeout",
-    "crashed",
-)
+OUTCOMES: tuple[str, ...] = get_args(ServeOutcome)  # the scenario schema's list, one definition
 STALL_OUTCOMES = ("zero_byte_hang", "mid_stream_stall")
 PROGRESS_COUNTER = "vllm:generation_tokens_total"
 _DROPPED_LABELS = frozenset({"engine", "model_name"})

@@ -31,7 +31,14 @@ from typing import Any
 
 from parity.machine import load_now
 from parity.process import CANNOT_RUN
-from parity.results import Attempt, Divergence, ExpectFailure, ScenarioResult, Status
+from parity.results import (
+    Attempt,
+    Divergence,
+    ExpectFailure,
+    ScenarioResult,
+    Status,
+    compared_verdict,
+)
 from parity.scenario import Scenario
 from parity.serve.differ import diff_serve_runs
 from parity.serve.expect import STARTUP_PATH, check_serve_expect
@@ -342,20 +349,8 @@ def _verdict(
         return Status.UNSUPPORTED, f"unsupported on {lacking.target}: {lacking.unsupported}"
     if runs and not any(run.startup.started for run in runs) and not expected_refusal:
         return Status.ERROR, f"no target started: {runs[0].startup.error}"
-    if divergences:
-        first = divergences[0]
-        return Status.DIVERGENCE, f"diverged: {first.path} ({len(divergences)} differences)"
-    if failures:
-        first_failure = failures[0]
-        return (
-            Status.EXPECT_FAILED,
-            f"expect failed on {first_failure.target}: {first_failure.path} "
-            f"({len(failures)} failures)",
-        )
     described = runs[0].describe() if runs else "no targets"
-    if len(runs) == 1:
-        return Status.PASS, f"{runs[0].target}: {described}"
-    return Status.PASS, f"parity: {'both' if len(runs) == 2 else 'all'} {described}"
+    return compared_verdict(divergences, failures, [run.target for run in runs], described)
 
 
 def startup_failed(result: ScenarioResult) -> bool:
