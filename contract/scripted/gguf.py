@@ -272,7 +272,7 @@ def export(out: str | os.PathLike[str], variant: str = "scripted", dtype: str = 
     if path.is_dir():
         raise ExportError(f"{path}: is a folder; give the output file's name (e.g. scripted.gguf)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # one per writer
     partial.write_bytes(data)
     partial.replace(path)
     return hashlib.sha256(data).hexdigest()
