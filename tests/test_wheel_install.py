@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from parity.bench.suite import timed_command
 
 ROOT = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).parent / "uv"
@@ -46,13 +49,28 @@ command = ["{python}", "-m", "engine.core.scheduler_worker"]
 """
 
 
+@dataclass(frozen=True)
+class Ran:
+    """A finished command: its exit code and its output (stdout and stderr, interleaved)."""
+
+    returncode: int | None
+    output: str
+
+
 def _run(argv: list[str], *, cwd: Path, timeout: float, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+         ) -> Ran:  # fmt: skip
+    """``argv`` in its own process group (``timed_command``): bounded, and on a timeout the
+    whole group (the harness and every server it started) is stopped, not the child alone."""
+    with tempfile.NamedTemporaryFile(prefix="wheel-install-", suffix=".log", delete=False) as f:
+        log = Path(f.name)
     try:
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(argv[:4])} ran over {timeout:.0f} s:\n{exc.stderr or ''}")
+        done = timed_command(argv, cwd=cwd, log=log, timeout_s=timeout, env=env)
+        output = log.read_text(encoding="utf-8", errors="replace")
+    finally:
+        log.unlink(missing_ok=True)
+    if "not finished" in done.get("error", ""):
+        pytest.fail(f"{' '.join(argv[:4])} ran over {timeout:.0f} s:\n{output[-3000:]}")
+    return Ran(done["returncode"], output)
 
 
 def _find_links() -> list[str]:
@@ -61,7 +79,7 @@ def _find_links() -> list[str]:
         system = shutil.which("python3.11") or shutil.which("python3") or "python3"
         done = _run([system, "-m", "pip", "config", "get", "global.find-links"],
                     cwd=ROOT, timeout=60)  # fmt: skip
-        links = done.stdout.split() if done.returncode == 0 else []
+        links = done.output.split() if done.returncode == 0 else []
     return [arg for link in links for arg in ("--find-links", link)]
 
 
@@ -72,18 +90,18 @@ def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dist = base / "dist"
     built = _run([str(UV), "build", "--wheel", "--no-build-isolation", "--quiet", "--python",
                   sys.executable, "--out-dir", str(dist), str(ROOT)], cwd=base, timeout=300)  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
+    assert built.returncode == 0, built.output[-3000:]
     (wheel,) = dist.glob("vllm_parity-*.whl")
     env = base / "env"
     made = _run([str(UV), "venv", "--quiet", "--python", sys.executable, str(env)], cwd=base,
                 timeout=120)  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    assert made.returncode == 0, made.output
     python = env / "bin" / "python"
     installed = _run([str(UV), "pip", "install", "--quiet", "--compile-bytecode", "--python",
                       str(python), "--index-strategy", "unsafe-best-match", *_find_links(),
                       "-c", str(ROOT / "constraints.txt"), str(wheel)],
                      cwd=base, timeout=900)  # fmt: skip
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert installed.returncode == 0, installed.output[-3000:]
     _run([str(UV), "pip", "uninstall", "--quiet", "--python", str(python), *CUDA_SIDE_PACKAGES],
          cwd=base, timeout=120)  # fmt: skip
     return env
@@ -95,29 +113,29 @@ def test_a_port_runs_the_default_suite_from_its_own_folder(fresh_env: Path, tmp_
     env["PATH"] = f"{fresh_env / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "my-port"
     shown = _run([parity, "--help"], cwd=tmp_path, timeout=60, env=env)
-    assert shown.returncode == 0, shown.stderr
+    assert shown.returncode == 0, shown.output
     where = _run([str(fresh_env / "bin" / "python"), "-c", "import parity; print(parity.__file__)"],
                  cwd=tmp_path, timeout=60, env=env)  # fmt: skip
-    assert str(fresh_env) in where.stdout and str(ROOT) not in where.stdout  # not the checkout
+    assert str(fresh_env) in where.output and str(ROOT) not in where.output  # not the checkout
 
     started = _run([parity, "init", str(project)], cwd=tmp_path, timeout=60, env=env)
-    assert started.returncode == 0, started.stderr
+    assert started.returncode == 0, started.output
     config = project / "parity.toml"
     config.write_text(config.read_text() + PORT_TARGET)
     built = _run([parity, "model", "build"], cwd=project, timeout=300, env=env)
-    assert built.returncode == 0, built.stderr
+    assert built.returncode == 0, built.output
     assert (project / ".cache" / "models" / "scripted" / "model.safetensors").is_file()
 
     ran = _run([parity, "run", "@default", "--target", "oracle", "--target", "myengine"],
                cwd=project, timeout=1200, env=env)  # fmt: skip
     # A fresh project's ledger is empty: known engine divergences are NEW there (exit 1).
-    assert ran.returncode in (0, 1), ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert ran.returncode in (0, 1), ran.output[-6000:]
     last = json.loads((project / "reports" / "last-run.json").read_text())
     assert last["targets"] == ["oracle", "myengine"]
     assert len(last["results"]) >= 40  # every scenario of the default suite, both tiers
     statuses = {r["status"] for r in last["results"]}
     assert statuses <= {"pass", "divergence", "unsupported"}, statuses
-    assert "pass" in statuses and "myengine" in ran.stdout
+    assert "pass" in statuses and "myengine" in ran.output
     paths = {d["path"] for r in last["results"] for d in r.get("divergences", [])}
     assert not any(p.startswith("startup") for p in paths), sorted(paths)[:20]
     shutil.rmtree(project / ".cache", ignore_errors=True)
