@@ -30,7 +30,7 @@ empty :=
 space := $(empty) $(empty)
 comma := ,
 
-.PHONY: setup lock pins-lock model chromium test test-pins parity lint bench soak clean port-llama-cpp lock-llama-cpp
+.PHONY: setup lock pins-lock model chromium test test-deps test-pins parity lint bench soak clean port-llama-cpp lock-llama-cpp
 
 setup: $(STAMP)
 
@@ -106,10 +106,25 @@ TEST_PINS := 0.28.0 0.29.0
 test-pins: setup
 	for v in $(TEST_PINS); do $(VENV)/bin/parity pins install $$v || exit 3; done
 
-# Property tests under the derandomized ci profile (tests/conftest.py): the same examples every run.
-# Every server the tests start is installed first: the pins above and the llama.cpp port.
-test: setup model chromium port-llama-cpp test-pins
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+# Everything the tests start is installed first: the pins above and the llama.cpp port. The
+# installs run side by side (-j3: the llama.cpp compile is CPU-bound, the others mostly I/O).
+# Property tests under the derandomized ci profile (tests/conftest.py): the same examples every
+# run. Two phases: every test not marked `alone`, PYTEST_WORKERS files at a time (pytest-xdist;
+# each file whole on one worker, so its module-scoped servers start once; PYTEST_WORKERS=0: one
+# by one in this process), then the `alone` tests (they load the machine on purpose) by
+# themselves. Both phases always run; the exit status is the first failure's (5, nothing
+# selected by PYTEST_ARGS, counts as success).
+PYTEST_WORKERS ?= 2
+PYTEST := HYPOTHESIS_PROFILE=ci $(PY) -m pytest -p no:cacheprovider
+test:
+	$(MAKE) -j3 test-deps
+	rc=0; \
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not alone' \
+	  $(PYTEST_ARGS) || { c=$$?; [ $$c -eq 5 ] || rc=$$c; }; \
+	$(PYTEST) -m alone $(PYTEST_ARGS) || { c=$$?; [ $$c -eq 5 ] || [ $$rc -ne 0 ] || rc=$$c; }; \
+	exit $$rc
+
+test-deps: setup model chromium port-llama-cpp test-pins
 
 # The default suite, engine vs oracle, both tiers; writes reports/<run-id>/ and reports/latest.
 parity: setup model
@@ -122,7 +137,7 @@ bench: setup model
 # The reliability and differential suites 10x longer, with fresh random examples (the deep
 # profile); on demand, not in CI.
 soak: setup model
-	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability
+	RELIABILITY_SCALE=10 HYPOTHESIS_PROFILE=deep $(PY) -m pytest -p no:cacheprovider tests/reliability \
 	tests/parity/test_differential.py
 
 # llama.cpp's server through llama-cpp-python, in its own env (never .venv), for running the suite
@@ -142,7 +157,7 @@ LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=
 
 port-llama-cpp: $(LLAMA_CPP_STAMP)
 
-$(LLAMA_CPP_STAMP): $(LLAMA_CPP_LOCK)
+$(LLAMA_CPP_STAMP): $(LLAMA_CPP_LOCK) | chromium  # after: one apt-get at a time
 	test -x $(LLAMA_CPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_CPP_VENV)
 	$(LLAMA_CPP_PIP) install --quiet --upgrade 'pip==26.3'
 	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).parent / "uv"
 CUDA_SIDE_PACKAGES = ("torchvision", "torchaudio", "torchcodec", "triton")
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.long, pytest.mark.timeout(1500)]
 
 PORT_TARGET = """
 

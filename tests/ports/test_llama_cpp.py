@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from port_suite import ROOT, check, run_port
 
-pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.timeout(3300)]
+pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.long, pytest.mark.timeout(3300)]
 
 PORT_PYTHON = ROOT / ".cache" / "ports" / "llama-cpp" / "bin" / "python"
 EXPECTED_UNSUPPORTED = [

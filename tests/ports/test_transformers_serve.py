@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from port_suite import check, run_port
 
-pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.timeout(3300)]
+pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.long, pytest.mark.timeout(3300)]
 
 EXTENSIONS = ("ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
 EXPECTED_UNSUPPORTED = [

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HANGS = ROOT / "scenarios" / "hangs"
 SUITE_TIMEOUT_S = 1800
 
-pytestmark = [pytest.mark.oracle, pytest.mark.server]
+pytestmark = [pytest.mark.oracle, pytest.mark.server, pytest.mark.alone]
 
 CPU_HOG = "while True: pass"
 # ~64 MiB written and fsynced per round, the file rewritten forever: heavy, bounded disk use

@@ -50,7 +50,7 @@ from engine.divergence import Deviations
 from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
-from parity.repro.run import run_repro
+from parity.repro.run import ReproRun, run_repro
 from parity.repro.spec import load_repro
 from parity.results import Divergence, ScenarioResult, Status
 from parity.scenario import Scenario
@@ -59,7 +59,7 @@ from parity.serve.run import ServeRun
 from parity.serve.suite import judge, run_serve_scenarios
 from parity.signatures import SignatureContext
 
-pytestmark = [pytest.mark.oracle, pytest.mark.server, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.oracle, pytest.mark.server, pytest.mark.long, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVE = ROOT / "scenarios" / "serve"
@@ -125,6 +125,15 @@ class Matrix:
     def _repro(self, name: str, targets: list[str], legs: Sequence[str] | None) -> None:
         repro = load_repro(HANGS / f"{name}.repro.yaml")
         run = run_repro(repro, targets, legs=legs)
+        if _reference_slow_to_exit(run, targets[0]):
+            # Confirm before accusing, as the harness does for a one-sided timing verdict: the
+            # reference upstream exits within a second of SIGTERM (0.3 s here); an exit past
+            # the grace period once in a while on a busy machine is timing, not behaviour.
+            # Its first attempt is printed; a reference that survives again is kept.
+            first = [(r.leg, r.sigterm.result, r.sigterm.health_after) for r in run.results
+                     if r.target == targets[0] and r.sigterm is not None]  # fmt: skip
+            print(f"{name}: {targets[0]} slow to exit on SIGTERM, rerun once: {first}")
+            run = run_repro(repro, targets, legs=legs)
         for index, leg in enumerate(repro.legs):
             if legs and leg.name not in legs:
                 continue
@@ -150,6 +159,14 @@ class Matrix:
         runs = self.runs[sid]
         plain = judge(self.scenarios[sid], [runs[self.oracle[sid]], runs["engine"]])
         return {_key(d) for d in plain.divergences}
+
+
+def _reference_slow_to_exit(run: ReproRun, reference: str) -> bool:
+    """Whether ``reference`` needed SIGKILL on a leg that sends SIGTERM."""
+    return any(
+        r.target == reference and r.sigterm is not None and not r.sigterm.sigterm_sufficed
+        for r in run.results
+    )
 
 
 def _key(divergence: Divergence) -> str:
