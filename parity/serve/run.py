@@ -183,7 +183,15 @@ class Watch(Generic[M]):
         self.handle = handle
         self.limits = limits
         self.began = time.monotonic()
-        self.monitor = monitor_for(handle, self.began, poll_s, kind)
+        # the readiness path the target declares; /metrics only if it has them
+        self.monitor = kind(
+            handle.url,
+            alive=handle.alive,
+            t0=self.began,
+            poll_s=poll_s,
+            health_path=handle.target.serve.health,
+            metrics=handle.capabilities.get("metrics", True),
+        )
         self.facts = TargetFacts()
         self.before: MetricsSnapshot | None = None
         self.after: MetricsSnapshot | None = None
@@ -225,18 +233,6 @@ class Watch(Generic[M]):
         )
 
 
-def monitor_for(handle: ServerHandle, t0: float, poll_s: float, kind: type[M]) -> M:
-    """A monitor of ``handle``'s server: its declared readiness path, /metrics if it has it."""
-    return kind(
-        handle.url,
-        alive=handle.alive,
-        t0=t0,
-        poll_s=poll_s,
-        health_path=handle.target.serve.health,
-        metrics=handle.capabilities.get("metrics", True),
-    )
-
-
 def request_timeout(limits: ServeLimits) -> httpx.Timeout:
     """A request's transport bounds: 10 s to connect, its own limit (plus slack) per read."""
     return httpx.Timeout(10.0, read=limits.request_timeout_s + 10.0)
@@ -253,10 +249,21 @@ async def send_all(
 ) -> list[RequestObservation]:
     """Every copy of ``requests`` on ``handle``'s server, each at its ``at_ms`` and within its
     spec's concurrency, on ``client`` (default: a fresh one), the whole run bounded."""
-    if client is None:
-        pool_limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
-        async with httpx.AsyncClient(timeout=request_timeout(limits), limits=pool_limits) as own:
-            return await send_all(handle, requests, limits, monitor, facts, client=own)
+    if client is not None:
+        return await _send_on(client, handle, requests, limits, monitor, facts)
+    pool_limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+    async with httpx.AsyncClient(timeout=request_timeout(limits), limits=pool_limits) as own:
+        return await _send_on(own, handle, requests, limits, monitor, facts)
+
+
+async def _send_on(
+    client: httpx.AsyncClient,
+    handle: ServerHandle,
+    requests: Sequence[ServeRequestSpec],
+    limits: ServeLimits,
+    monitor: TargetMonitor,
+    facts: TargetFacts,
+) -> list[RequestObservation]:
     model = handle.model_name  # the --served-model-name we passed, unless the server ignored it
     if facts.models is not None and model not in _served_names(facts.models) and facts.model_id:
         model = facts.model_id

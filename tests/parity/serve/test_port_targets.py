@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ from parity.ledger import Verdict, classify, load_ledger
 from parity.loader import load_scenarios
 from parity.project import load_project
 from parity.results import Status
-from parity.serve.pool import ServerPool
+from parity.serve.pool import ServerHandle, ServerPool
 from parity.serve.suite import ServePlan, run_serve_scenarios
 from parity.serve.targets import parse_target
 
@@ -91,16 +92,21 @@ def port_project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _started(pool: ServerPool, project: Any, scenarios: dict[str, Any], name: str) -> ServerHandle:
+    """Target ``name`` of the project, started (asserted) with the ``plain`` scenario's config."""
+    plan = ServePlan.of(scenarios["plain"], project)
+    handle = pool.get(parse_target(name, project), plan.config)
+    assert handle.startup.started, handle.startup.describe()
+    return handle
+
+
 def test_a_port_target_gets_its_flags_and_no_field_it_did_not_ask_for(
     port_project: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     project = load_project(port_project / "parity.toml")
     scenarios = {s.id: s for s in load_scenarios([port_project / "scenarios"])}
     with ServerPool(tmp_path_factory.mktemp("logs")) as pool:
-        strict = parse_target("strict", project)
-        plan = ServePlan.of(scenarios["plain"], project)
-        handle = pool.get(strict, plan.config)
-        assert handle.startup.started, handle.startup.describe()
+        handle = _started(pool, project, scenarios, "strict")
         argv = httpx.get(f"{handle.url}/argv", timeout=10).json()
         assert argv[-2:] == ["--bs", "32"]  # its own spelling; no vLLM flag at all
         assert not any(word.startswith("--served-model-name") for word in argv)
@@ -140,10 +146,7 @@ def test_the_monitor_polls_the_declared_readiness_path_and_no_metrics_it_lacks(
     project = load_project(port_project / "parity.toml")
     scenarios = {s.id: s for s in load_scenarios([port_project / "scenarios"])}
     with ServerPool(tmp_path_factory.mktemp("logs")) as pool:
-        quiet = parse_target("quiet", project)
-        plan = ServePlan.of(scenarios["plain"], project)
-        handle = pool.get(quiet, plan.config)
-        assert handle.startup.started, handle.startup.describe()
+        handle = _started(pool, project, scenarios, "quiet")
         results = run_serve_scenarios(
             [scenarios["plain"]], ["lenient", "quiet"], pool=pool, project=project
         )
