@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,9 +70,10 @@ class StopRecord:
     """How a process group ended."""
 
     returncode: int | None
-    sigterm_sufficed: bool  # exited within the grace period after SIGTERM
+    sigterm_sufficed: bool  # exited after SIGTERM alone (within the grace or its extension)
     exit_s: float  # seconds from SIGTERM to exit (or to SIGKILL's reaping)
     already_exited: bool  # it had exited before we signalled it
+    extended_s: float = 0.0  # how long past the grace period it was given (see ``stop``)
 
 
 def free_port() -> int:
@@ -152,13 +153,26 @@ class ManagedProcess:
             f"not healthy within {timeout_s:.0f} s ({url})", log_tail=self.log_tail()
         )
 
-    def stop(self, grace_s: float = 10.0) -> StopRecord:
-        """SIGTERM the group, wait up to grace_s, then SIGKILL. Idempotent."""
+    def stop(
+        self,
+        grace_s: float = 10.0,
+        *,
+        extension_s: float = 0.0,
+        shutting_down: Callable[[], bool] | None = None,
+    ) -> StopRecord:
+        """SIGTERM the group, wait up to grace_s, then SIGKILL. Idempotent.
+
+        A process still alive at the end of the grace period for which ``shutting_down()`` says
+        it is on its way out (it has stopped serving) gets up to ``extension_s`` more before
+        SIGKILL: on a busy machine a server that shuts down can take longer than the grace
+        period to exit, and calling that "survived SIGTERM" would accuse it of what the port's
+        wedged server did (kept serving). The record says how long it was given."""
         if self.stop_record is not None:
             return self.stop_record
         already = not self.alive()
         t0 = time.monotonic()
         sufficed = True
+        extended = 0.0
         if not already:
             signal_group(self.proc.pid, signal.SIGTERM)
             # a paused (SIGSTOPped) member only acts on SIGTERM once it runs again
@@ -167,6 +181,13 @@ class ManagedProcess:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 sufficed = False
+            if not sufficed and extension_s > 0 and shutting_down is not None and shutting_down():
+                extended = extension_s
+                try:
+                    self.proc.wait(timeout=extension_s)
+                    sufficed = True
+                except subprocess.TimeoutExpired:
+                    pass
         # The leader may be gone while workers of its group linger: always finish the group.
         signal_group(self.proc.pid, signal.SIGKILL)
         try:
@@ -178,6 +199,7 @@ class ManagedProcess:
             sigterm_sufficed=sufficed,
             exit_s=time.monotonic() - t0,
             already_exited=already,
+            extended_s=extended,
         )
         self._log.close()
         untrack(self)

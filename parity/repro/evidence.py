@@ -7,8 +7,12 @@
 - ``stack_dump``: ``py-spy dump`` of every process of the server's group when ``py-spy`` is on
   PATH (it is not a dependency; otherwise the record says so).
 - ``sigterm``: SIGTERM to the server's process group while the wedged request is still
-  outstanding, ``sigterm_grace_s`` to exit, then SIGKILL (``ServerHandle.stop``); ``/health``
-  is sampled meanwhile. The port's wedged server survived SIGTERM (docs/failure-classes.md).
+  outstanding, ``sigterm_grace_s`` to exit, then SIGKILL (``ServerHandle.stop``); the
+  readiness path is sampled meanwhile. The port's wedged server survived SIGTERM
+  (docs/failure-classes.md): it kept answering ``/health`` 200. A server that stopped answering
+  (it is shutting down) but is still alive at the end of the grace period is given up to
+  ``SIGTERM_EXTENSION`` times the grace period more before SIGKILL: on a busy machine upstream's
+  three processes can take longer than 5 s to exit, and that is a slow exit, not survival.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from parity.serve.pool import ServerHandle, group_members
 
 DUMP_TIMEOUT_S = 5.0
 PY_SPY_TIMEOUT_S = 15.0
+SIGTERM_EXTENSION = 2.0  # a shutting-down server gets grace * (1 + this) in all
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +46,24 @@ class SigtermRecord(JsonMixin):
     returncode: int | None
     health_after: tuple[HealthSample, ...] = ()  # ms since SIGTERM
     client_after: tuple[str, ...] = ()  # what each held request saw after SIGTERM
+    extended_s: float = 0.0  # given past the grace period because it had stopped serving
 
     @property
     def result(self) -> str:
         if self.sigterm_sufficed is None:
             return "not sent (server already gone)"
         if self.sigterm_sufficed:
-            return f"exited {self.exit_s:.2f} s after SIGTERM (rc {self.returncode})"
+            slow = (
+                f"; past the {self.grace_s:g} s grace period, after it had stopped serving"
+                if self.extended_s
+                else ""
+            )
+            return f"exited {self.exit_s:.2f} s after SIGTERM (rc {self.returncode}{slow})"
+        waited = f"the {self.grace_s:g} s grace period"
+        if self.extended_s:
+            waited += f" and {self.extended_s:g} s more (it had stopped serving)"
         return (
-            f"survived SIGTERM for the {self.grace_s:g} s grace period; SIGKILL after "
+            f"survived SIGTERM for {waited}; SIGKILL after "
             f"{self.exit_s:.2f} s (rc {self.returncode})"
         )
 
@@ -136,8 +150,19 @@ async def sigterm(
     if handle.process is None or not handle.alive():
         return SigtermRecord(grace_s, outstanding, None, None, None)
     sent = time.monotonic()
-    stopper = asyncio.create_task(asyncio.to_thread(handle.stop, grace_s))
     samples: list[HealthSample] = []
+
+    def shutting_down() -> bool:  # read by the stopping thread: the latest sample decides
+        return bool(samples) and samples[-1].status != 200
+
+    stopper = asyncio.create_task(
+        asyncio.to_thread(
+            handle.stop,
+            grace_s,
+            extension_s=grace_s * SIGTERM_EXTENSION,
+            shutting_down=shutting_down,
+        )
+    )
     async with httpx.AsyncClient(timeout=1.0) as client:
         while not stopper.done():
             began = time.monotonic()
@@ -175,4 +200,5 @@ async def sigterm(
         returncode=None if record is None else record.returncode,
         health_after=tuple(samples),
         client_after=tuple(client_after),
+        extended_s=0.0 if record is None else record.extended_s,
     )

@@ -27,6 +27,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
@@ -147,15 +148,24 @@ class ServerHandle:
             return (self.final_log_tail or self.startup.log_tail)[-max_bytes:]
         return self.process.log_tail(max_bytes)
 
-    def stop(self, grace_s: float = 10.0) -> StopRecord | None:
-        """SIGTERM the group, wait ``grace_s``, SIGKILL; idempotent. None if never spawned.
+    def stop(
+        self,
+        grace_s: float = 10.0,
+        *,
+        extension_s: float = 0.0,
+        shutting_down: Callable[[], bool] | None = None,
+    ) -> StopRecord | None:
+        """SIGTERM the group, wait ``grace_s`` (``extension_s`` more while ``shutting_down()``:
+        ``ManagedProcess.stop``), SIGKILL; idempotent. None if never spawned.
 
         Also waits (bounded) until every member of the group is gone: a killed worker holding
         gigabytes can take a moment to exit after its leader has been reaped."""
         if self.process is None:
             return None
         if self.stop_record is None:
-            self.stop_record = self.process.stop(grace_s=grace_s)
+            self.stop_record = self.process.stop(
+                grace_s=grace_s, extension_s=extension_s, shutting_down=shutting_down
+            )
             self.final_log_tail = self.process.log_tail(LOG_TAIL_BYTES)
         self.leftover_pids = wait_group_gone(self.process.pid, GROUP_EXIT_WAIT_S)
         return self.stop_record

@@ -91,6 +91,38 @@ def test_unmet_expectation_exits_1(
     assert "[control]" not in out and (tmp_path / "fake.md").exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "verdict", "shown"),
+    [
+        # stops answering at once, exits 2.5 s later: past the 1 s grace, a slow exit
+        (
+            "--slow-exit 2.5",
+            "exited",
+            r"exited \d+\.\d+ s after SIGTERM \(rc 0; past the 1 s grace",
+        ),
+        # keeps serving: SIGKILL at the end of the grace period, no extension
+        ("--ignore-sigterm", "survived", r"survived SIGTERM for the 1 s grace period; SIGKILL"),
+    ],
+)
+def test_a_slow_exit_is_not_survival_and_survival_is_not_waited_for(
+    flag: str,
+    verdict: str,
+    shown: str,
+    write_repro: Callable[[str, str], Path],
+    run_cli: Callable[..., tuple[int, str, str]],
+    fake_target: str,
+    tmp_path: Path,
+) -> None:
+    text = REPRO.format(target=f"{fake_target} {flag}", sigterm=verdict)
+    path = write_repro("fake", text.replace("sigterm_grace_s: 3.0", "sigterm_grace_s: 1.0"))
+    argv = [str(path), "--out", str(tmp_path), "--leg", "sigterm", "--allow-external-from-file"]
+    code, out, err = run_cli(*argv)
+    assert code == 0, out + err
+    assert re.search(shown, out), out
+    exit_s = float(re.search(r"(?:exited|SIGKILL after) (\d+\.\d+) s", out).group(1))
+    assert exit_s >= 2.4 if verdict == "exited" else exit_s < 2.0, out
+
+
 @pytest.mark.timeout(30)
 def test_holding_transport_keeps_an_abandoned_request_open() -> None:
     """A consumer cancelled before the headers leaves the request outstanding until release."""

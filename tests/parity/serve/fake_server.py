@@ -19,6 +19,10 @@ string picks a behaviour:
 While a ``hang``, ``headers-hang`` or ``stall`` request is open, ``/metrics`` shows it waiting
 with nothing running, as a wedged vLLM scheduler does.
 
+On SIGTERM it exits at once, unless ``--slow-exit S``: it stops accepting connections (its
+``/health`` no longer answers) and exits S seconds later, as a server that shuts down slowly on a
+busy machine does; or ``--ignore-sigterm``: it keeps serving, as the port's wedged server did.
+
 ``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
 with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
 and there is no ``/metrics``. ``GET /argv`` returns the command-line words it was started with
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 
 COUNTERS = {"generation": 0, "waiting": 0, "running": 0}
@@ -176,17 +181,33 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
-async def main(port: int) -> None:
+async def main(port: int, slow_exit_s: float | None, ignore_sigterm: bool) -> None:
     server = await asyncio.start_server(handle, "127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    if ignore_sigterm:
+        loop.add_signal_handler(signal.SIGTERM, lambda: print("SIGTERM ignored", flush=True))
+    elif slow_exit_s is not None:
+
+        def shut_down_slowly() -> None:
+            server.close()  # no new connections: the readiness path stops answering
+            print(f"SIGTERM: exiting in {slow_exit_s} s", flush=True)
+            loop.call_later(slow_exit_s, sys.exit, 0)
+
+        loop.add_signal_handler(signal.SIGTERM, shut_down_slowly)
     print(f"fake server on {port} with {FLAGS}", flush=True)
     async with server:
-        await server.serve_forever()
+        try:
+            await server.serve_forever()
+        except asyncio.CancelledError:  # closed by shut_down_slowly: wait for the exit
+            await asyncio.sleep(3600)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--slow-exit", type=float, default=None)
+    parser.add_argument("--ignore-sigterm", action="store_true")
     args, rest = parser.parse_known_args()
     STRICT["on"] = args.strict
     ARGV.extend(sys.argv[1:])
@@ -194,6 +215,6 @@ if __name__ == "__main__":
         if word.startswith("--") and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
             FLAGS[word] = rest[i + 1]
     try:
-        asyncio.run(main(args.port))
+        asyncio.run(main(args.port, args.slow_exit, args.ignore_sigterm))
     except KeyboardInterrupt:
         sys.exit(0)

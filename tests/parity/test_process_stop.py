@@ -1,0 +1,68 @@
+"""``ManagedProcess.stop``: SIGTERM, the grace period, its extension for a process that is
+shutting down, then SIGKILL (``parity/process.py``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from parity.process import ManagedProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+# SIGTERM starts a 1.5 s shutdown; the process exits when it is done
+SLOW_EXIT = """
+import signal, sys, time
+def on_term(signum, frame):
+    time.sleep(1.5)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+time.sleep(60)
+"""
+IGNORES = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _started(code: str, tmp_path: Path) -> ManagedProcess:
+    process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log")
+    deadline = time.monotonic() + 20.0  # bounded: until the handler is installed
+    while time.monotonic() < deadline and process.alive():
+        if b"ready" in process.log_path.read_bytes():
+            return process
+        time.sleep(0.05)
+    process.stop(grace_s=0.1)
+    raise AssertionError("the child never got ready")
+
+
+def test_a_slow_exit_past_the_grace_is_waited_for_while_it_shuts_down(tmp_path: Path) -> None:
+    process = _started(SLOW_EXIT, tmp_path)
+    record = process.stop(grace_s=0.3, extension_s=5.0, shutting_down=lambda: True)
+    assert record.sigterm_sufficed, record
+    assert record.extended_s == 5.0
+    assert 1.0 < record.exit_s < 5.0, record
+    assert record.returncode == 0
+
+
+def test_a_slow_exit_still_serving_is_killed_at_the_grace(tmp_path: Path) -> None:
+    process = _started(SLOW_EXIT, tmp_path)
+    record = process.stop(grace_s=0.3, extension_s=5.0, shutting_down=lambda: False)
+    assert not record.sigterm_sufficed, record
+    assert record.extended_s == 0.0
+    assert record.exit_s < 1.4, record  # SIGKILL at the grace, not after the handler
+
+
+def test_an_ignored_sigterm_is_killed_after_the_extension(tmp_path: Path) -> None:
+    process = _started(IGNORES, tmp_path)
+    record = process.stop(grace_s=0.2, extension_s=0.5, shutting_down=lambda: True)
+    assert not record.sigterm_sufficed, record
+    assert record.extended_s == 0.5
+    assert 0.6 < record.exit_s < 5.0, record
+    assert record.returncode == -9
