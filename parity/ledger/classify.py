@@ -155,11 +155,15 @@ def unexplained_expect_failures(result: Any, report: LedgerReport) -> list[Any]:
     """The result's ``expect:`` failures that fail the run. A failure of a target other than
     the reference (the first), where the reference met that expectation, is explained when the
     pair's divergences in that scenario are all KNOWN: the expectation says the reference's
-    behaviour, and the ledger decided this target's difference from it."""
+    behaviour, and the ledger decided this target's difference from it. A FLAKY finding is
+    about the first attempt (the verdict stands on the rerun's divergences), so it neither
+    decides a pair nor leaves it undecided."""
     reference = result.targets[0] if result.targets else None
     met = {f.path for f in result.expect_failures if f.target == reference}
     decided: dict[str, bool] = {}
     for f in report.findings:
+        if f.verdict is Verdict.FLAKY:
+            continue
         if f.scenario_id == result.scenario_id and f.left_target == reference:
             known = f.verdict is Verdict.KNOWN
             decided[f.right_target] = decided.get(f.right_target, True) and known

@@ -12,7 +12,9 @@ the first target's (``parity.serve.differ``) and checked against ``expect:``
 A target that cannot run a scenario (a config key it cannot spell, checked before its server
 starts; a vLLM request extension or ``/metrics`` the scenario needs and the started server does
 not accept) gets a placeholder run saying why (``ServeRun.unsupported``): it is not compared
-and not checked, and is said once, never as divergences.
+and not checked, and is said once, never as divergences. When a run has two or more targets and
+fewer than two of them can take a scenario's config, nothing would be compared, so no target
+runs it (no server is started for it): every target gets the placeholder with that reason.
 
 Verdicts: ``unsupported`` when fewer than two targets could run it; ``error`` when no target
 started and the scenario does not ``expect: {startup: refused}``; ``divergence``;
@@ -117,6 +119,20 @@ def run_plan(
     return run_serve(handle, plan.requests, plan.limits)
 
 
+def not_run_reason(specs: Sequence[TargetSpec], spec: TargetSpec, plan: ServePlan) -> str | None:
+    """Why ``spec`` does not run ``plan`` at all in a run of ``specs``: its own config reason
+    (``unsupported_reason``), or, with two or more targets, the first other target's when
+    fewer than two can take the config (a lone run would be compared with nothing). None: run
+    it (a capability the started server lacks is found after it starts: ``run_plan``)."""
+    own = unsupported_reason(spec, plan.config)
+    if own is not None or len(specs) < 2:
+        return own
+    reasons = [unsupported_reason(other, plan.config) for other in specs]
+    if sum(reason is None for reason in reasons) >= 2:
+        return None
+    return next(reason for reason in reasons if reason is not None)
+
+
 def run_serve_scenarios(
     scenarios: Sequence[Scenario],
     targets: Sequence[str],
@@ -164,7 +180,7 @@ class ServeSession:
             (spec, group)
             for group in self.groups
             for spec in self.specs
-            if any(unsupported_reason(spec, plan.config) is None for plan in group)
+            if any(not_run_reason(self.specs, spec, plan) is None for plan in group)
         ]
         self._done = 0
 
@@ -239,7 +255,12 @@ def _run_group(
             phase = "running" if started else "restarting" if rerun else "starting"
             hook(scenario_id, spec.label, phase)
             began = time.perf_counter()
-            run = run_plan(pool, spec, plan, startup_timeout_s=timeout, fresh=rerun and not started)
+            reason = not_run_reason(specs, spec, plan)
+            if reason is not None:
+                run = ServeRun.not_supported(spec.label, reason, plan.limits)
+            else:
+                fresh = rerun and not started
+                run = run_plan(pool, spec, plan, startup_timeout_s=timeout, fresh=fresh)
             if not started and after_start is not None:
                 after_start(spec, group)
             started = started or run.unsupported is None
@@ -345,6 +366,8 @@ def _verdict(
     unsupported = [run for run in runs if run.unsupported is not None]
     runs = [run for run in runs if run.unsupported is None]
     if unsupported and len(runs) < 2:
+        if not runs and len({run.unsupported for run in unsupported}) == 1:
+            return Status.UNSUPPORTED, f"unsupported: {unsupported[0].unsupported}"
         lacking = unsupported[0]
         return Status.UNSUPPORTED, f"unsupported on {lacking.target}: {lacking.unsupported}"
     if runs and not any(run.startup.started for run in runs) and not expected_refusal:

@@ -117,6 +117,9 @@ def test_a_port_target_gets_its_flags_and_no_field_it_did_not_ask_for(
         results = run_serve_scenarios(
             list(scenarios.values()), ["lenient", "strict"], pool=pool, project=project
         )
+        # no-len's config is one only lenient can take: nothing to compare, so no server for it
+        started = [h.config.engine_args for h in pool.handles if h.label == "lenient"]
+        assert started == [{"block_size": 32}], started
     by_id = {r.scenario_id: r for r in results}
     plain = by_id["plain"]
     assert plain.status is Status.PASS, [d.describe() for d in plain.divergences]
@@ -130,6 +133,8 @@ def test_a_port_target_gets_its_flags_and_no_field_it_did_not_ask_for(
     assert "ignore_eos" in (by_id["extension"].runs[1].unsupported or "")
     assert by_id["no-len"].status is Status.UNSUPPORTED
     assert "max_model_len" in (by_id["no-len"].runs[1].unsupported or "")
+    assert by_id["no-len"].runs[0].unsupported == by_id["no-len"].runs[1].unsupported
+    assert by_id["no-len"].verdict == f"unsupported: {by_id['no-len'].runs[1].unsupported}"
     report = classify(results, load_ledger(port_project / "ledger.yaml"), scenarios)
     verdicts = {(f.scenario_id, f.verdict) for f in report.findings}
     assert verdicts == {
