@@ -212,17 +212,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _scheduler_targets(specs: list[str], project: Any) -> tuple[list, dict[str, str]]:
-    """The scheduler-tier targets of ``specs``, and the server-only ones (name: why not)."""
-    from parity.errors import NoSchedulerTier
-    from parity.targets import make_target
+    """The scheduler-tier targets of ``specs``, and the ones not run there (name: why not):
+    the server-only ones, and, when two or more targets are named and fewer than two have a
+    scheduler tier, every one (nothing would be compared; none is made, so no oracle pays
+    vllm's import for it), in the order named."""
+    from parity.targets import lacks_scheduler_tier, make_target
 
-    targets, servers_only = [], {}
-    for spec in specs:
-        try:
-            targets.append(make_target(spec, "scheduler", project))
-        except NoSchedulerTier as e:
-            servers_only[spec.strip()] = str(e)
-    return targets, servers_only
+    why_not = {spec.strip(): lacks_scheduler_tier(spec, project) for spec in specs}
+    lacking = [why for why in why_not.values() if why is not None]
+    if len(specs) >= 2 and len(specs) - len(lacking) < 2:
+        return [], {name: why or lacking[0] for name, why in why_not.items()}
+    targets = [make_target(spec, "scheduler", project) for spec in specs if not why_not[spec.strip()]]
+    return targets, {name: why for name, why in why_not.items() if why is not None}
 
 
 def _run_scheduler(

@@ -45,6 +45,21 @@ def available_targets(tier: str, project: Any = None) -> list[str]:
     return sorted(names | {name for (t, name) in _FACTORIES if t == tier})
 
 
+def lacks_scheduler_tier(spec: str, project: Any = None) -> str | None:
+    """Why ``spec`` has no scheduler tier (the text ``make_target`` raises ``NoSchedulerTier``
+    with), or None; constructs nothing (an in-process oracle imports vllm when made)."""
+    from parity.project import current_project
+    from parity.serve.targets import lookup
+
+    name = spec.strip().partition(" ")[0].partition(":")[0]
+    if ("scheduler", name) in _FACTORIES:
+        return None
+    definition, _ = lookup(name, (project or current_project()).targets, spec, "scheduler")
+    if definition.scheduler is None:
+        return f"target {name!r} has no scheduler tier (a server only)"
+    return None
+
+
 def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Target:
     """A new target for ``spec`` in ``tier``; ``TargetSpecError`` for an unknown spec.
 
@@ -70,7 +85,7 @@ def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Targ
         definition, version = lookup(name, project.targets, spec, tier)
         scheduler = definition.scheduler
         if scheduler is None:
-            raise NoSchedulerTier(f"target {name!r} has no scheduler tier (a server only)")
+            raise NoSchedulerTier(str(lacks_scheduler_tier(spec, project)))
         if scheduler.in_process is None:
             return _worker(name, version, scheduler, flags, project)
         factory = scheduler.in_process

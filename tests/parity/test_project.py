@@ -240,10 +240,16 @@ def test_a_server_only_target_makes_scheduler_scenarios_unsupported(
     assert verdicts == {("engine", "oracle", "PASS"), ("engine", "tfserve", "UNSUPPORTED")}
     statuses = {r["scenario_id"]: r["status"] for r in report["results"]}
     assert statuses == {"s09-self-preemption-recovery": "pass", "s10-fcfs-victim-newest": "pass"}
-    # with no other scheduler-tier target the scenario is not run at all
+    # with no other scheduler-tier target the scenario is not run at all: no target is even
+    # made (an in-process oracle would import vllm for nothing)
+    import parity.targets
+
+    made: list[str] = []
+    monkeypatch.setattr(parity.targets, "make_target", lambda spec, *a, **k: made.append(spec))
     assert main(["run", "@scheduler", "-k", "s09", "--no-progress", "--target", "oracle", "--target", "tfserve"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert f"UNSUPPORTED 1 scenario(s) s09-self-preemption-recovery: {reason} (oracle vs tfserve)" in out  # fmt: skip
+    assert made == []
 
 
 def test_a_gguf_target_cannot_run_a_model_with_no_gguf_export(tmp_path: Path) -> None:
