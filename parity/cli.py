@@ -222,7 +222,9 @@ def _scheduler_targets(specs: list[str], project: Any) -> tuple[list, dict[str, 
     lacking = [why for why in why_not.values() if why is not None]
     if len(specs) >= 2 and len(specs) - len(lacking) < 2:
         return [], {name: why or lacking[0] for name, why in why_not.items()}
-    targets = [make_target(spec, "scheduler", project) for spec in specs if not why_not[spec.strip()]]
+    targets = [
+        make_target(spec, "scheduler", project) for spec in specs if not why_not[spec.strip()]
+    ]
     return targets, {name: why for name, why in why_not.items() if why is not None}
 
 

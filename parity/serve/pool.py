@@ -190,6 +190,7 @@ class ServerPool:
         self.closed = False
         # servers being started ahead of need (``prestart``), by key; one copy per key ever
         self._pending: dict[tuple[str, tuple[str, ...]], Future[ServerHandle]] = {}
+        self._claimed: set[tuple[str, tuple[str, ...]]] = set()  # being started by ``get``
         self._lock = threading.RLock()
         self._executor: ThreadPoolExecutor | None = None
         self.max_parallel_starts = max(1, os.cpu_count() or 1)
@@ -220,18 +221,29 @@ class ServerPool:
         key = self.key(spec, config)
         timeout = spec.serve.startup_timeout_s or startup_timeout_s
         with self._lock:
-            pending = self._pending.pop(key, None)
+            pending = self._pending.get(key)
         if pending is not None:  # started ahead of need: wait for it (bounded like a start)
-            self._adopt(key, _result(pending, timeout + PENDING_SLACK_S))
-        handle = self._handles.get(key)
-        if handle is not None and not fresh and (not handle.startup.started or handle.alive()):
-            return handle
-        if handle is not None:  # it died since it started (or must be fresh): a new one
-            handle.stop(grace_s=0.5 if not fresh else self.grace_s)
-            self.retired.append(handle)
-        handle = self._start_probed(spec, config, timeout)
-        self._adopt(key, handle)
-        return handle
+            started = _result(pending, timeout + PENDING_SLACK_S)
+            with self._lock:  # still pending until adopted: prestart sees one or the other
+                self._pending.pop(key, None)
+                self._adopt(key, started)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is not None and not fresh and (not handle.startup.started or handle.alive()):
+                return handle
+            self._claimed.add(key)  # started here, now: prestart leaves it alone
+        new: ServerHandle | None = None
+        try:
+            if handle is not None:  # it died since it started (or must be fresh): a new one
+                handle.stop(grace_s=0.5 if not fresh else self.grace_s)
+                self.retired.append(handle)
+            new = self._start_probed(spec, config, timeout)
+        finally:
+            with self._lock:
+                self._claimed.discard(key)
+                if new is not None:
+                    self._adopt(key, new)
+        return new
 
     def prestart(
         self,
@@ -239,23 +251,28 @@ class ServerPool:
         config: ServerConfig,
         *,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
         """Start (target, config) in the background so a later ``get`` finds it ready; a
-        no-op when that server is up or already starting (never two copies of a config).
-        At most ``max_parallel_starts`` starts run at once."""
+        no-op when that server was started before (up, refused or stopped since: replacing
+        one is ``get``'s job) or is starting (never two copies of a config).
+        At most ``max_parallel_starts`` starts run at once; ``on_done()`` is called (in the
+        starting thread) when this start ends."""
         key = self.key(target, config)
         timeout = target.serve.startup_timeout_s or startup_timeout_s
         with self._lock:
-            if self.closed or key in self._pending:
+            if self.closed or key in self._pending or key in self._claimed:
                 return
-            known = self._handles.get(key)
-            if known is not None and (not known.startup.started or known.alive()):
+            if key in self._handles:
                 return
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
                     max_workers=self.max_parallel_starts, thread_name_prefix="parity-prestart"
                 )
-            self._pending[key] = self._executor.submit(self._start_probed, target, config, timeout)
+            future = self._executor.submit(self._start_probed, target, config, timeout)
+            self._pending[key] = future
+        if on_done is not None:
+            future.add_done_callback(lambda _future: on_done())
 
     def starting(self) -> int:
         """How many servers are being started ahead of need."""

@@ -1,10 +1,11 @@
-"""Run serve-tier scenarios on several targets, one server at a time, and judge each scenario.
+"""Run serve-tier scenarios on several targets, one target at a time, and judge each scenario.
 
 Each scenario is made into a ``ServePlan`` once (server config with its model folder resolved,
-requests, limits). Plans are grouped by server config: for each group,
-each target's server starts once (``ServerPool``), runs every scenario of the group in file
-order, and is stopped before the next target's server starts, so at most one server is up at a
-time (2 cores; an oracle server holds ~3 GiB). Then each scenario's runs are diffed against
+requests, limits). Plans are grouped by server config: for each group, each target's server
+starts once (``ServerPool``; started ahead of need by ``ServeSession``), runs every scenario
+of the group in file order, one target after the other (requests never reach two servers at
+once), and the group's servers are stopped when it is done (an
+oracle server holds ~3 GiB). Then each scenario's runs are diffed against
 the first target's (``parity.serve.differ``) and checked against ``expect:``
 (``parity.serve.expect``), giving one ``ScenarioResult`` (tier ``serve``, ``runs`` the
 ``ServeRun``s in target order) per scenario.
@@ -156,9 +157,12 @@ def run_serve_scenarios(
 class ServeSession:
     """The serve tier of one run: every server it needs is known up front (one per target and
     server config, in run order), so the next ones start while the current config's scenarios
-    run (``ServerPool.prestart``: at most as many starts at once as the machine has CPUs, and
-    only while there is memory for another server). ``begin`` starts the first ones early,
-    e.g. while the scheduler tier runs."""
+    run (``ServerPool.prestart``: the next as many servers of the run as the machine has CPUs,
+    only while there is memory for another). ``begin`` starts the first ones early, e.g. while
+    the scheduler tier runs. On 2 cores that keeps one oracle start going at a time beside the
+    engine's; keeping two oracle starts going at once made the default suite slower (163 s
+    against 122 s: two side by side took 43-49 s each, one alone 18 s; docs/oracle-on-cpu.md).
+    """
 
     def __init__(
         self,
