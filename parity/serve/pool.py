@@ -251,28 +251,21 @@ class ServerPool:
         config: ServerConfig,
         *,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-        on_done: Callable[[], None] | None = None,
     ) -> None:
         """Start (target, config) in the background so a later ``get`` finds it ready; a
         no-op when that server was started before (up, refused or stopped since: replacing
         one is ``get``'s job) or is starting (never two copies of a config).
-        At most ``max_parallel_starts`` starts run at once; ``on_done()`` is called (in the
-        starting thread) when this start ends."""
+        At most ``max_parallel_starts`` starts run at once."""
         key = self.key(target, config)
         timeout = target.serve.startup_timeout_s or startup_timeout_s
         with self._lock:
-            if self.closed or key in self._pending or key in self._claimed:
-                return
-            if key in self._handles:
+            if self.closed or key in self._pending or key in self._claimed or key in self._handles:
                 return
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
                     max_workers=self.max_parallel_starts, thread_name_prefix="parity-prestart"
                 )
-            future = self._executor.submit(self._start_probed, target, config, timeout)
-            self._pending[key] = future
-        if on_done is not None:
-            future.add_done_callback(lambda _future: on_done())
+            self._pending[key] = self._executor.submit(self._start_probed, target, config, timeout)
 
     def starting(self) -> int:
         """How many servers are being started ahead of need."""

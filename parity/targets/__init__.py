@@ -55,9 +55,11 @@ def lacks_scheduler_tier(spec: str, project: Any = None) -> str | None:
     if ("scheduler", name) in _FACTORIES:
         return None
     definition, _ = lookup(name, (project or current_project()).targets, spec, "scheduler")
-    if definition.scheduler is None:
-        return f"target {name!r} has no scheduler tier (a server only)"
-    return None
+    return _server_only(name) if definition.scheduler is None else None
+
+
+def _server_only(name: str) -> str:
+    return f"target {name!r} has no scheduler tier (a server only)"
 
 
 def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Target:
@@ -85,7 +87,7 @@ def make_target(spec: str, tier: str = "scheduler", project: Any = None) -> Targ
         definition, version = lookup(name, project.targets, spec, tier)
         scheduler = definition.scheduler
         if scheduler is None:
-            raise NoSchedulerTier(str(lacks_scheduler_tier(spec, project)))
+            raise NoSchedulerTier(_server_only(name))
         if scheduler.in_process is None:
             return _worker(name, version, scheduler, flags, project)
         factory = scheduler.in_process
