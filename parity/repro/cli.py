@@ -1,8 +1,11 @@
 """``parity repro FILE [--target T ...] [--out reports/repro]``: run a hang repro, verdicts in
 seconds, and write its record ``<out>/<id>.md``.
 
-Exit codes: 0 every expectation met (or none given), 1 an expectation failed, 2 bad input
-(``file:line: message``), 3 no target could start any leg.
+Exit codes: 0 every expectation met (or none given), 1 an expectation failed (or, with
+``--strict``, a leg was FLAKY), 2 bad input (``file:line: message``), 3 no target could start
+any leg. A timing verdict (a stall or SIGTERM outcome that fails an expectation, or a lone
+survival of SIGTERM) is rerun once on a fresh server first: FLAKY when the rerun does not
+repeat it, both attempts shown.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def add_repro_commands(subparsers: Any) -> None:
         "--ledger", default="scenarios/ledger.yaml", help="the decision ledger (KNOWN / NEW)"
     )
     repro.add_argument("--log-dir", help="keep the server logs in this folder")
+    repro.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on a FLAKY leg too (a timing verdict its rerun on a fresh server did not repeat)",
+    )
     repro.add_argument(
         "--allow-external-from-file",
         action="store_true",
@@ -93,7 +101,9 @@ def _run(args: argparse.Namespace) -> int:
     sys.stdout.write(f"record: {record} ({time.monotonic() - began:.1f} s)\n")
     if all(r.startup != "started" for r in run.results):
         return EXIT_TARGET_FAILED
-    return EXIT_FAILED if any(r.expect_failures for r in run.results) else EXIT_OK
+    if any(r.expect_failures for r in run.results):
+        return EXIT_FAILED
+    return EXIT_FAILED if args.strict and any(r.flaky for r in run.results) else EXIT_OK
 
 
 def _refuse_file_commands(repro: Any) -> None:

@@ -75,6 +75,18 @@ def result_text(result: TargetLeg) -> str:
     return text
 
 
+def attempt_text(result: TargetLeg) -> str:
+    """The other attempt of a confirmed leg, one line: the first (``flaky``) or the rerun."""
+    other = result.other_attempt
+    if other is None:
+        return ""
+    failed = "; ".join(other.expect_failures)
+    text = result_text(other) + (f" ({failed})" if failed else "")
+    if result.flaky:
+        return f"first attempt: {text}; not reproduced on a fresh server"
+    return f"reproduced on a fresh server: {text}"
+
+
 def _numbers(v: RequestVerdict) -> str:
     parts = [f"{v.num_bytes} bytes", f"{v.num_tokens} tokens"]
     if v.status is not None:
@@ -101,11 +113,15 @@ def _statuses(result: TargetLeg) -> str:
 def format_verdict(result: TargetLeg) -> str:
     """The console verdict of one (leg, target), printed as soon as it is known."""
     mark = "ok" if not result.expect_failures else "EXPECT FAILED"
-    lines = [
-        f"[{result.leg}] {result.target}: {result_text(result)}  ({result.elapsed_s:.1f} s, {mark})"
-    ]
+    where = result.target
+    if result.other_attempt is not None:
+        where += " (rerun on a fresh server)"
+        mark = "FLAKY" if result.flaky else f"{mark}, reproduced"
+    lines = [f"[{result.leg}] {where}: {result_text(result)}  ({result.elapsed_s:.1f} s, {mark})"]
     for failure in result.expect_failures:
         lines.append(f"    expect: {failure}")
+    if result.other_attempt is not None:
+        lines.append(f"    {attempt_text(result)}")
     if result.startup != "started":
         if result.startup_numbers:
             lines.append(f"    startup numbers: {_kv(result.startup_numbers)}")
@@ -187,7 +203,7 @@ def format_summary(
     """The closing lines: the legs table in text, divergences, expectations, timing."""
     lines = [f"repro {run.repro.id}: {len(run.results)} verdicts"]
     for r in run.results:
-        lines.append(f"  {r.leg:<10} {r.target:<40} {r.klass}")
+        lines.append(f"  {r.leg:<10} {r.target:<40} {r.klass}" + (" (FLAKY)" if r.flaky else ""))
     by_leg: dict[str, list[str]] = {}
     for d in divergences:
         names = by_leg.setdefault(d.leg, [])
@@ -204,6 +220,9 @@ def format_summary(
     lines.append(
         f"  expectations: {'all met' if not failed else f'{len(failed)} (leg, target) failed'}"
     )
+    for r in run.results:
+        if r.flaky:
+            lines.append(f"  FLAKY: {r.leg} on {r.target}: {attempt_text(r)}")
     latencies = [r.verdict_latency_s for r in run.results if r.verdict_latency_s is not None]
     if latencies:
         lines.append(f"  verdict latency (last progress -> verdict): max {max(latencies):.2f} s")
@@ -239,6 +258,10 @@ def format_markdown(
     out += ["", f"Expectations: {'all met' if not failed else 'FAILED'}."]
     for r in failed:
         out.append(f"- `{r.leg}` on `{r.target}`: " + "; ".join(r.expect_failures))
+    for r in run.results:
+        if r.other_attempt is not None:
+            flaky = "**FLAKY**: " if r.flaky else ""
+            out.append(f"- {flaky}`{r.leg}` on `{r.target}`: {_cell(attempt_text(r))}")
     out += ["", "## Divergences between targets", ""]
     if not divergences:
         out.append("None (each leg compared against the first target).")

@@ -95,11 +95,47 @@ class TargetLeg(JsonMixin):
     run: ServeRun | None = None  # serve tier (for the differ)
     summary: RunSummary | None = None  # scheduler tier
     wedge: str | None = None  # scheduler tier: the wedge description
+    # confirmation on a fresh server (``parity.repro.run``): ``flaky`` when the first attempt's
+    # timing verdict did not reproduce (this is the rerun; ``other_attempt`` is the first), else
+    # ``other_attempt`` is the rerun that reproduced it
+    flaky: bool = False
+    other_attempt: TargetLeg | None = None
 
     @property
     def verdict_latency_s(self) -> float | None:
         values = [r.verdict_latency_s for r in self.requests if r.verdict_latency_s is not None]
         return max(values) if values else None
+
+
+# classes a slow moment on a busy machine can give as well as a real defect: a leg that fails
+# an expectation on one of them, or is the one target of a leg that did not exit on SIGTERM,
+# is rerun once on a fresh server before it counts (``parity.repro.run``)
+TIMING_CLASSES = frozenset(
+    {*STALL_OUTCOMES, "self_preemption_wedge", "wedged", "timeout", "startup_timeout",
+     "saturation_queueing"}
+)  # fmt: skip
+
+
+def needs_confirming(leg: Leg, result: TargetLeg, others: list[TargetLeg]) -> bool:
+    """Whether ``result`` (a serve-tier leg on one target; ``others``: the leg on the other
+    targets) is a timing verdict that must be seen twice: an unmet expectation on a timing
+    class or on SIGTERM, or (no SIGTERM expectation) it survived SIGTERM where another target
+    exited."""
+    if leg.tier != "serve" or result.startup != "started":
+        return False
+    entry = leg.expectation(result.target)
+    if result.expect_failures and entry is not None:
+        wanted = {entry.outcome, *entry.requests.values()} - {None}
+        got = {result.klass} | {v.klass for v in result.requests}
+        if (wanted | got) & TIMING_CLASSES:
+            return True
+        term = result.sigterm.label if result.sigterm else "not sent"
+        if entry.sigterm is not None and term != entry.sigterm:
+            return True
+    if (entry is not None and entry.sigterm is not None) or result.sigterm is None:
+        return False
+    labels = {o.sigterm.label for o in others if o.sigterm is not None}
+    return result.sigterm.label == "survived" and "exited" in labels
 
 
 def worst(classes: list[str]) -> str:

@@ -123,6 +123,64 @@ def test_a_slow_exit_is_not_survival_and_survival_is_not_waited_for(
     assert exit_s >= 2.4 if verdict == "exited" else exit_s < 2.0, out
 
 
+def test_a_sigterm_verdict_is_confirmed_on_a_fresh_server(
+    write_repro: Callable[[str, str], Path],
+    run_cli: Callable[..., tuple[int, str, str]],
+    fake_target: str,
+    tmp_path: Path,
+) -> None:
+    """A survival of SIGTERM that fails the expectation is rerun once on a fresh server: not
+    repeated, the leg is FLAKY (exit 0, 1 with --strict), both attempts shown; repeated, the
+    expectation fails with the rerun as its confirmation (exit 1)."""
+    marker = tmp_path / "survived-once"
+    text = REPRO.format(target=f"{fake_target} --ignore-sigterm-once {marker}", sigterm="exited")
+    path = write_repro("fake", text.replace("sigterm_grace_s: 3.0", "sigterm_grace_s: 1.0"))
+    argv = [str(path), "--out", str(tmp_path), "--leg", "sigterm", "--allow-external-from-file"]
+    code, out, err = run_cli(*argv)
+    assert code == 0, out + err
+    assert marker.exists()
+    assert "expect: expected SIGTERM exited, got survived" in out  # the first attempt, as it came
+    assert re.search(r"\(rerun on a fresh server\): mid_stream_stall.*SIGTERM: exited .*FLAKY", out)
+    assert re.search(r"first attempt: .*SIGTERM: survived .*not reproduced on a fresh server", out)
+    assert "FLAKY: sigterm on external:" in out and "expectations: all met" in out
+    record = (tmp_path / "fake.md").read_text()
+    assert "**FLAKY**: `sigterm`" in record and "first attempt:" in record
+
+    marker.unlink()
+    code, out, _ = run_cli(*argv, "--strict")
+    assert code == 1 and "FLAKY" in out
+
+    always = REPRO.format(target=f"{fake_target} --ignore-sigterm", sigterm="exited")
+    path = write_repro("fake", always.replace("sigterm_grace_s: 3.0", "sigterm_grace_s: 1.0"))
+    code, out, _ = run_cli(*argv)
+    assert code == 1
+    assert re.search(r"EXPECT FAILED, reproduced\)", out), out
+    assert re.search(r"reproduced on a fresh server: .*SIGTERM: survived", out)
+    assert "FLAKY" not in out
+
+
+def test_a_lone_survival_of_sigterm_is_confirmed(
+    write_repro: Callable[[str, str], Path],
+    run_cli: Callable[..., tuple[int, str, str]],
+    fake_target: str,
+    tmp_path: Path,
+) -> None:
+    """No SIGTERM expectation: the one target that survived where the other exited is rerun;
+    the target that exited is not."""
+    marker = tmp_path / "survived-once"
+    text = REPRO.format(target=fake_target, sigterm="exited").replace(
+        f'targets: ["{fake_target}"]',
+        f'targets: ["{fake_target}", "{fake_target} --ignore-sigterm-once {marker}"]',
+    )
+    text = text.replace("{outcome: mid_stream_stall, sigterm: exited}", "mid_stream_stall")
+    path = write_repro("fake", text.replace("sigterm_grace_s: 3.0", "sigterm_grace_s: 1.0"))
+    argv = [str(path), "--out", str(tmp_path), "--leg", "sigterm", "--allow-external-from-file"]
+    code, out, err = run_cli(*argv)
+    assert code == 0, out + err
+    assert out.count("(rerun on a fresh server)") == 1, out
+    assert re.search(r"#2 \(rerun on a fresh server\).*FLAKY", out), out
+
+
 @pytest.mark.timeout(30)
 def test_holding_transport_keeps_an_abandoned_request_open() -> None:
     """A consumer cancelled before the headers leaves the request outstanding until release."""

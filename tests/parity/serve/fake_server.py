@@ -21,7 +21,9 @@ with nothing running, as a wedged vLLM scheduler does.
 
 On SIGTERM it exits at once, unless ``--slow-exit S``: it stops accepting connections (its
 ``/health`` no longer answers) and exits S seconds later, as a server that shuts down slowly on a
-busy machine does; or ``--ignore-sigterm``: it keeps serving, as the port's wedged server did.
+busy machine does; or ``--ignore-sigterm``: it keeps serving, as the port's wedged server did;
+``--ignore-sigterm-once MARKER``: the same, in the first server that finds no MARKER file (it
+creates it), so a rerun on a fresh server exits (a one-off slow moment).
 
 ``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
 with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
@@ -208,7 +210,14 @@ if __name__ == "__main__":
     parser.add_argument("--strict", action="store_true")
     parser.add_argument("--slow-exit", type=float, default=None)
     parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--ignore-sigterm-once", metavar="MARKER", default=None)
     args, rest = parser.parse_known_args()
+    if args.ignore_sigterm_once is not None:  # the first server started with MARKER only
+        try:
+            with open(args.ignore_sigterm_once, "x"):
+                args.ignore_sigterm = True
+        except FileExistsError:
+            pass
     STRICT["on"] = args.strict
     ARGV.extend(sys.argv[1:])
     for i, word in enumerate(rest):

@@ -50,7 +50,7 @@ from engine.divergence import Deviations
 from parity.causes import classify_all
 from parity.ledger import Ledger, Verdict, classify, load_ledger
 from parity.loader import load_scenarios
-from parity.repro.run import ReproRun, run_repro
+from parity.repro.run import run_repro
 from parity.repro.spec import load_repro
 from parity.results import Divergence, ScenarioResult, Status
 from parity.scenario import Scenario
@@ -125,16 +125,11 @@ class Matrix:
     def _repro(self, name: str, targets: list[str], legs: Sequence[str] | None) -> None:
         repro = load_repro(HANGS / f"{name}.repro.yaml")
         run = run_repro(repro, targets, legs=legs)
-        if _reference_slow_to_exit(run, targets[0]):
-            # The harness already waits past the grace period for a server that has stopped
-            # serving (parity.repro.evidence.SIGTERM_EXTENSION: 15 s in all here, where the
-            # reference exits in 0.3 s on a quiet machine). A reference still alive after that
-            # is rerun once on a fresh server before the test accuses it; the first attempt
-            # is printed, and a reference that survives again is kept.
-            first = [(r.leg, r.sigterm.result, r.sigterm.health_after) for r in run.results
-                     if r.target == targets[0] and r.sigterm is not None]  # fmt: skip
-            print(f"{name}: {targets[0]} slow to exit on SIGTERM, rerun once: {first}")
-            run = run_repro(repro, targets, legs=legs)
+        # a lone survival of SIGTERM (a slow exit on a busy machine) was rerun on a fresh
+        # server by run_repro itself (parity.repro.verdict.needs_confirming); say so if it was
+        for r in run.results:
+            if r.other_attempt is not None:
+                print(f"{name}: {r.leg} on {r.target} rerun: flaky={r.flaky}")
         for index, leg in enumerate(repro.legs):
             if legs and leg.name not in legs:
                 continue
@@ -160,14 +155,6 @@ class Matrix:
         runs = self.runs[sid]
         plain = judge(self.scenarios[sid], [runs[self.oracle[sid]], runs["engine"]])
         return {_key(d) for d in plain.divergences}
-
-
-def _reference_slow_to_exit(run: ReproRun, reference: str) -> bool:
-    """Whether ``reference`` needed SIGKILL on a leg that sends SIGTERM."""
-    return any(
-        r.target == reference and r.sigterm is not None and not r.sigterm.sigterm_sufficed
-        for r in run.results
-    )
 
 
 def _key(divergence: Divergence) -> str:
