@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Required
 from openai.types.chat import ChatCompletionContentPartParam as OpenAIContentPartParam
 from openai.types.chat import ChatCompletionMessageParam as OpenAIChatCompletionMessageParam
 from openai.types.chat import ChatCompletionMessageToolCallParam
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from engine.entrypoints.logprobs import Logprob
@@ -112,6 +112,91 @@ class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
+def _normalize_messages_before(data: Any) -> Any:
+    """``reasoning_content`` on input messages is renamed ``reasoning`` (:554-579)."""
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        return data
+    for msg in data["messages"]:
+        if not isinstance(msg, dict):
+            continue
+        tool_calls = msg.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            msg["tool_calls"] = list(tool_calls)
+        reasoning_content = msg.pop("reasoning_content", None)
+        if reasoning_content is not None and msg.get("reasoning") is None:
+            msg["reasoning"] = reasoning_content
+    return data
+
+
+def check_logprobs(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    check_logprob_token_ids_beam_search(data)
+    if data.get("logprob_token_ids") and not data.get("logprobs"):
+        raise VLLMValidationError(
+            "when using `logprob_token_ids`, `logprobs` must be set to true.",
+            parameter="logprob_token_ids",
+        )
+    check_logprob_values(data, ("prompt_logprobs", "top_logprobs"))
+    top_logprobs = data.get("top_logprobs")
+    if (
+        top_logprobs is not None
+        and (top_logprobs == -1 or top_logprobs > 0)
+        and not data.get("logprobs")
+    ):
+        raise VLLMValidationError(
+            "when using `top_logprobs`, `logprobs` must be set to true.",
+            parameter="top_logprobs",
+        )
+    return data
+
+
+def check_structured_outputs_count(data: Any) -> Any:
+    if not isinstance(data, dict) or not isinstance(data.get("structured_outputs"), dict):
+        return data
+    so = data["structured_outputs"]
+    count = sum(so.get(k) is not None for k in ("json", "regex", "choice"))
+    if count > 1:
+        raise VLLMValidationError(
+            "You can only use one kind of constraints for structured "
+            "outputs ('json', 'regex' or 'choice')."
+        )
+    if count > 0 and data.get("tool_choice", "none") not in ("none", "auto", "required"):
+        raise VLLMValidationError(
+            "You can only either use constraints for structured outputs or tools, not both."
+        )
+    return data
+
+
+def check_tool_usage(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    if data.get("tools") == []:
+        raise VLLMValidationError(
+            "`tools` must not be an empty array. "
+            "Either provide at least one tool or omit the field entirely.",
+            parameter="tools",
+        )
+    if "tool_choice" not in data and data.get("tools"):
+        data["tool_choice"] = "auto"
+    if data.get("tool_choice", "none") == "none" or data.get("tool_choice") is None:
+        return data
+    _check_tool_choice(data)
+    return data
+
+
+def check_generation_prompt(data: Any) -> Any:
+    if (
+        isinstance(data, dict)
+        and data.get("continue_final_message")
+        and data.get("add_generation_prompt")
+    ):
+        raise VLLMValidationError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    return data
+
+
 class ChatCompletionRequest(GenerateRequest):
     messages: list[ChatCompletionMessageParam]
     model: str | None = None
@@ -188,105 +273,17 @@ class ChatCompletionRequest(GenerateRequest):
     repetition_detection: dict[str, Any] | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _normalize_messages_before(cls, data: Any) -> Any:
-        """``reasoning_content`` on input messages is renamed ``reasoning`` (:554-579)."""
-        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-            return data
-        for msg in data["messages"]:
-            if not isinstance(msg, dict):
-                continue
-            tool_calls = msg.get("tool_calls")
-            if tool_calls is not None and not isinstance(tool_calls, list):
-                msg["tool_calls"] = list(tool_calls)
-            reasoning_content = msg.pop("reasoning_content", None)
-            if reasoning_content is not None and msg.get("reasoning") is None:
-                msg["reasoning"] = reasoning_content
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_response_format(cls, data: Any) -> Any:
-        return check_response_format(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_stream_options(cls, data: Any) -> Any:
-        return check_stream_options(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def check_logprobs(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        check_logprob_token_ids_beam_search(data)
-        if data.get("logprob_token_ids") and not data.get("logprobs"):
-            raise VLLMValidationError(
-                "when using `logprob_token_ids`, `logprobs` must be set to true.",
-                parameter="logprob_token_ids",
-            )
-        check_logprob_values(data, ("prompt_logprobs", "top_logprobs"))
-        top_logprobs = data.get("top_logprobs")
-        if (
-            top_logprobs is not None
-            and (top_logprobs == -1 or top_logprobs > 0)
-            and not data.get("logprobs")
-        ):
-            raise VLLMValidationError(
-                "when using `top_logprobs`, `logprobs` must be set to true.",
-                parameter="top_logprobs",
-            )
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def check_structured_outputs_count(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("structured_outputs"), dict):
-            return data
-        so = data["structured_outputs"]
-        count = sum(so.get(k) is not None for k in ("json", "regex", "choice"))
-        if count > 1:
-            raise VLLMValidationError(
-                "You can only use one kind of constraints for structured "
-                "outputs ('json', 'regex' or 'choice')."
-            )
-        if count > 0 and data.get("tool_choice", "none") not in ("none", "auto", "required"):
-            raise VLLMValidationError(
-                "You can only either use constraints for structured outputs or tools, not both."
-            )
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def check_tool_usage(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if data.get("tools") == []:
-            raise VLLMValidationError(
-                "`tools` must not be an empty array. "
-                "Either provide at least one tool or omit the field entirely.",
-                parameter="tools",
-            )
-        if "tool_choice" not in data and data.get("tools"):
-            data["tool_choice"] = "auto"
-        if data.get("tool_choice", "none") == "none" or data.get("tool_choice") is None:
-            return data
-        _check_tool_choice(data)
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def check_generation_prompt(cls, data: Any) -> Any:
-        if (
-            isinstance(data, dict)
-            and data.get("continue_final_message")
-            and data.get("add_generation_prompt")
-        ):
-            raise VLLMValidationError(
-                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
-            )
-        return data
+    # upstream's mode="before" validators, in its definition order (chat_completion/protocol.py:546-882); run
+    # last-defined first by GenerateRequest.run_before_checks
+    BEFORE_CHECKS = (
+        _normalize_messages_before,
+        check_response_format,
+        check_stream_options,
+        check_logprobs,
+        check_structured_outputs_count,
+        check_tool_usage,
+        check_generation_prompt,
+    )
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         """``max_completion_tokens`` wins over ``max_tokens`` (protocol.py:657-675)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from engine.entrypoints.logprobs import Logprob
 from engine.entrypoints.openai.errors import VLLMValidationError
@@ -42,6 +42,81 @@ from engine.entrypoints.openai.request_checks import (
 )
 
 MAX_COMPLETION_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS default
+DEFAULT_MAX_TOKENS = 16  # the field default; ``null`` means it too
+
+
+def normalize_null_max_tokens(data: Any) -> Any:
+    if isinstance(data, dict) and data.get("max_tokens") is None:
+        data = data.copy()
+        data["max_tokens"] = DEFAULT_MAX_TOKENS
+    return data
+
+
+def check_logprobs(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    check_logprob_token_ids_beam_search(data)
+    if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
+        raise VLLMValidationError(
+            "`echo` with `logprobs` is not supported with beam search "
+            "because beam search does not compute prompt logprobs.",
+            parameter="echo",
+        )
+    if data.get("logprob_token_ids") and data.get("echo") and data.get("max_tokens") == 0:
+        raise VLLMValidationError(
+            "`logprob_token_ids` is not supported when `echo=True` and "
+            "`max_tokens=0` because no output tokens are generated.",
+            parameter="logprob_token_ids",
+        )
+    if data.get("logprob_token_ids") and data.get("logprobs") is None:
+        raise VLLMValidationError(
+            "when using `logprob_token_ids`, `logprobs` must be set.",
+            parameter="logprob_token_ids",
+        )
+    check_logprob_values(data, ("prompt_logprobs", "logprobs"))
+    return data
+
+
+def validate_prompt_and_prompt_embeds(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    prompt = data.get("prompt")
+    embeds = data.get("prompt_embeds")
+    prompt_empty = prompt is None or (isinstance(prompt, str) and prompt == "")
+    embeds_empty = embeds is None or (isinstance(embeds, list) and len(embeds) == 0)
+    if prompt_empty and embeds_empty:
+        raise VLLMValidationError(
+            "Either prompt or prompt_embeds must be provided and non-empty.",
+            parameter="prompt",
+        )
+    return data
+
+
+def validate_prompt_list_length(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    prompt = data.get("prompt")
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and not all(isinstance(p, int) for p in prompt)
+        and len(prompt) > MAX_COMPLETION_PROMPTS
+    ):
+        raise VLLMValidationError(
+            f"prompt list length {len(prompt)} exceeds the maximum "
+            f"allowed count of {MAX_COMPLETION_PROMPTS}. To increase this "
+            "limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+            parameter="prompt",
+        )
+    embeds = data.get("prompt_embeds")
+    if isinstance(embeds, list) and len(embeds) > MAX_COMPLETION_PROMPTS:
+        raise VLLMValidationError(
+            f"prompt_embeds list length {len(embeds)} exceeds "
+            f"the maximum allowed count of {MAX_COMPLETION_PROMPTS}. To increase "
+            "this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+            parameter="prompt_embeds",
+        )
+    return data
 
 
 class CompletionRequest(GenerateRequest):
@@ -57,7 +132,7 @@ class CompletionRequest(GenerateRequest):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: int | None = None
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     n: int = 1
     presence_penalty: float | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
@@ -107,93 +182,16 @@ class CompletionRequest(GenerateRequest):
     thinking_token_budget: ThinkingTokenBudget = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def normalize_null_max_tokens(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("max_tokens") is None:
-            data = data.copy()
-            data["max_tokens"] = cls.model_fields["max_tokens"].default
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_response_format(cls, data: Any) -> Any:
-        return check_response_format(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def check_logprobs(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        check_logprob_token_ids_beam_search(data)
-        if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
-            raise VLLMValidationError(
-                "`echo` with `logprobs` is not supported with beam search "
-                "because beam search does not compute prompt logprobs.",
-                parameter="echo",
-            )
-        if data.get("logprob_token_ids") and data.get("echo") and data.get("max_tokens") == 0:
-            raise VLLMValidationError(
-                "`logprob_token_ids` is not supported when `echo=True` and "
-                "`max_tokens=0` because no output tokens are generated.",
-                parameter="logprob_token_ids",
-            )
-        if data.get("logprob_token_ids") and data.get("logprobs") is None:
-            raise VLLMValidationError(
-                "when using `logprob_token_ids`, `logprobs` must be set.",
-                parameter="logprob_token_ids",
-            )
-        check_logprob_values(data, ("prompt_logprobs", "logprobs"))
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_stream_options(cls, data: Any) -> Any:
-        return check_stream_options(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_prompt_and_prompt_embeds(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        prompt = data.get("prompt")
-        embeds = data.get("prompt_embeds")
-        prompt_empty = prompt is None or (isinstance(prompt, str) and prompt == "")
-        embeds_empty = embeds is None or (isinstance(embeds, list) and len(embeds) == 0)
-        if prompt_empty and embeds_empty:
-            raise VLLMValidationError(
-                "Either prompt or prompt_embeds must be provided and non-empty.",
-                parameter="prompt",
-            )
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def validate_prompt_list_length(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        prompt = data.get("prompt")
-        if (
-            isinstance(prompt, list)
-            and len(prompt) > 0
-            and not all(isinstance(p, int) for p in prompt)
-            and len(prompt) > MAX_COMPLETION_PROMPTS
-        ):
-            raise VLLMValidationError(
-                f"prompt list length {len(prompt)} exceeds the maximum "
-                f"allowed count of {MAX_COMPLETION_PROMPTS}. To increase this "
-                "limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
-                parameter="prompt",
-            )
-        embeds = data.get("prompt_embeds")
-        if isinstance(embeds, list) and len(embeds) > MAX_COMPLETION_PROMPTS:
-            raise VLLMValidationError(
-                f"prompt_embeds list length {len(embeds)} exceeds "
-                f"the maximum allowed count of {MAX_COMPLETION_PROMPTS}. To increase "
-                "this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
-                parameter="prompt_embeds",
-            )
-        return data
+    # upstream's mode="before" validators, in its definition order (completion/protocol.py:417-644); run
+    # last-defined first by GenerateRequest.run_before_checks
+    BEFORE_CHECKS = (
+        normalize_null_max_tokens,
+        check_response_format,
+        check_logprobs,
+        check_stream_options,
+        validate_prompt_and_prompt_embeds,
+        validate_prompt_list_length,
+    )
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -7,15 +7,20 @@ chat_completion/protocol.py:546-552), and the bodies both requests' ``validate_r
 ``validate_stream_options`` and ``check_logprobs`` validators repeat upstream
 (completion/protocol.py:438-644, chat_completion/protocol.py:788-882).
 
-``GenerateRequest`` holds ``check_cache_salt_support``: pydantic runs ``mode="before"``
-validators last-defined first and a base class's before its subclass's are defined, so the
-check still runs last, where upstream's first-defined one does. It declares no fields, so
-field order (and validation error order) is each request's own.
+``GenerateRequest`` holds ``check_cache_salt_support`` and runs each request's other
+``mode="before"`` validators: a request lists them in ``BEFORE_CHECKS`` in upstream's
+definition order, and ``run_before_checks`` calls them last-defined first, as pydantic runs
+upstream's (so a request with two problems gets the error upstream gives). Pydantic runs a
+base class's validators after its subclass's, and ``run_before_checks`` before
+``check_cache_salt_support``, so the salt check still runs last, where upstream's first-defined
+one does. It declares no fields, so field order (and validation error order) is each request's
+own.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from pydantic import model_validator
 
@@ -26,11 +31,21 @@ from engine.entrypoints.openai.protocol import OpenAIBaseModel
 class GenerateRequest(OpenAIBaseModel):
     """Base of ``CompletionRequest`` and ``ChatCompletionRequest`` (no fields)."""
 
+    # the request's own ``mode="before"`` validators, in upstream's definition order
+    BEFORE_CHECKS: ClassVar[tuple[Callable[[Any], Any], ...]] = ()
+
     @model_validator(mode="before")
     @classmethod
     def check_cache_salt_support(cls, data: Any) -> Any:
         if isinstance(data, dict):
             validate_cache_salt(data.get("cache_salt"))
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def run_before_checks(cls, data: Any) -> Any:
+        for check in reversed(cls.BEFORE_CHECKS):  # last-defined first, as pydantic runs them
+            data = check(data)
         return data
 
 
