@@ -119,6 +119,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     write(f"{sum(_TIMES.values()):8.1f} s  {len(_TIMES):5d} tests  (sum)")
     workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
     write(f"{time.monotonic() - _BEGAN:8.1f} s  wall time ({workers} worker(s))")
+    if sum(_TIMES.values()) > 60:  # a run long enough to be compared with another day's
+        from parity.machine import load_now, machine_speed
+
+        write(f"machine at the end: {machine_speed().describe()}; {load_now().describe()}")
     terminalreporter.section("ten slowest tests")
     for nodeid, took in sorted(_TIMES.items(), key=lambda kv: -kv[1])[:10]:
         write(f"{took:8.1f} s  {nodeid}")

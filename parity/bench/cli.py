@@ -34,6 +34,7 @@ from parity.bench.report import SCHEMA, VERDICT, update_latest, write_run
 from parity.bench.serve import default_config, run_serve_tier
 from parity.bench.suite import SUITE_TIERS, default_suite, fresh_clone
 from parity.bench.targets import evaluate
+from parity.machine import MachineSpeed, machine_speed
 from parity.project import current_project
 from parity.serve.targets import server_flags
 
@@ -79,6 +80,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "loadavg": {"start": list(os.getloadavg()), "end": None, "phases": []},
+        "speed": {"start": machine_speed().to_json(), "end": None},
     }
 
 
@@ -193,6 +195,7 @@ def run(args: argparse.Namespace, progress: BenchProgress, run_dir: Path) -> dic
         _loadavg(results, "harness", began)
         results["harness"] = _harness(args, plan, progress, logs, errors)
     results["machine"]["loadavg"]["end"] = list(os.getloadavg())
+    results["machine"]["speed"]["end"] = machine_speed().to_json()
     results["finished_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     results["targets"] = [line.to_json() for line in evaluate(results)]
@@ -231,5 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"       error  {error}")
     load = results["machine"]["loadavg"]
     print(f"load average start {load['start']}, end {load['end']}")
+    for when in ("start", "end"):
+        print(
+            f"machine at the {when}: {MachineSpeed.from_json(results['machine']['speed'][when]).describe()}"
+        )
     print(f"wrote {run_dir / 'results.md'} (latest: {latest})")
     return 1 if results["errors"] else 0

@@ -75,10 +75,23 @@ def _machine_lines(results: dict[str, Any]) -> list[str]:
             ", ".join(f"{p['phase']} {p['loadavg'][0]:.2f}" for p in load.get("phases", []))
             or "n/a"
         ),  # fmt: skip
+        *_speed_lines(machine.get("speed") or {}),
         f"- Pin: {results['versions'].get('oracle')}; elapsed {results['elapsed_s']:.0f} s"
         + (" (quick mode: 1 repetition, small loads)" if results.get("quick") else ""),
         "",
     ]
+
+
+def _speed_lines(speed: dict[str, Any]) -> list[str]:
+    """The machine's speed at the start and the end (``parity.machine.machine_speed``): what
+    makes this run's seconds comparable with another day's."""
+    from parity.machine import MachineSpeed
+
+    found = [(w, speed[w]) for w in ("start", "end") if speed.get(w)]
+    if not found:
+        return []
+    text = "; ".join(f"{w}: {MachineSpeed.from_json(s).describe()}" for w, s in found)
+    return [f"- Machine speed ({text})"]
 
 
 def _serve_lines(serve: dict[str, Any]) -> list[str]:
