@@ -175,13 +175,16 @@ def _sentences(text: str, count: int) -> str:
 
 
 def format_summary(results: Sequence[ScenarioResult], elapsed_s: float) -> str:
-    """``17 scenarios: 16 pass, 1 divergence in 3.2 s``."""
+    """``17 scenarios: 16 pass, 1 divergence in 3.2 s (engine vs oracle)``: the targets
+    compared are named even when nothing diverged."""
     counts: dict[str, int] = {}
     for result in results:
         counts[result.status.value] = counts.get(result.status.value, 0) + 1
     parts = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "nothing run"
     noun = "scenario" if len(results) == 1 else "scenarios"
-    return f"{len(results)} {noun}: {parts} in {elapsed_s:.1f} s\n"
+    labels = dict.fromkeys(label for result in results for label in result.targets)
+    compared = f" ({' vs '.join(labels)})" if labels else ""
+    return f"{len(results)} {noun}: {parts} in {elapsed_s:.1f} s{compared}\n"
 
 
 def format_report_json(report: RunReport) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +119,11 @@ def test_scheduler_tier_engine_takes_divergence_profiles(
     assert main([*argv, "--no-progress", "--ledger", ledger, "--json", str(json_out)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "ledger: 0 pass, 7 known, 0 new, 0 stale" in out
+    # the summary names the two targets compared, by their labels
+    assert re.search(
+        r"1 scenario: 1 divergence in [\d.]+ s \(engine vs engine --divergence abort-unservable\)\n",
+        out,
+    ), out
     (result,) = json.loads(json_out.read_text())["results"]
     failed = [(f["target"], f["path"]) for f in result["expect_failures"]]
     assert failed and all(t.endswith("--divergence abort-unservable") for t, _ in failed), failed
