@@ -66,7 +66,12 @@ def test_port_wedge_on_legacy_engine_and_unchecked_oracle(run_cli: Cli, tmp_path
     assert "it can never be scheduled (wedged)" in legacy  # the /debug/scheduler explanation
     assert re.search(r"exited \d+\.\d+ s after SIGTERM \(rc 0\)", legacy)
     latencies = [float(x) for x in re.findall(r"verdict latency (\d+\.\d+) s", out)]
-    assert len(latencies) == 2 and max(latencies) <= 5.0, latencies
+    # One per wedge attempt: the oracle's SIGTERM outcome while wedged varies from run to run
+    # (it survived once and exited on the rerun in CI), and a lone `survived` is confirmed on a
+    # fresh server, which adds an attempt.
+    attempts = sum(1 for line in out.splitlines() if line.startswith("[wedge] "))
+    assert attempts >= 2 and len(latencies) == attempts, (attempts, latencies)
+    assert max(latencies) <= 5.0, latencies
     legs_s = float(re.search(r"time: (\d+\.\d+) s in legs", out).group(1))
     print(f"verdict latencies {latencies} s; legs (servers up) {legs_s} s")
     assert legs_s <= 60.0  # the goal is 15 s; bounded generously for a loaded 2-core CI
