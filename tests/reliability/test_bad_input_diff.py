@@ -164,6 +164,10 @@ COMBOS: list[tuple[str, str, dict[str, Any]]] = [
     ("completions", "echo-max-tokens-0", {"echo": True, "max_tokens": 0}),
     ("completions", "stream-false-options", {"stream": False, "stream_options": {}}),
     ("chat", "stream-false-options", {"stream": False, "stream_options": {}}),
+    # two invalid fields, one from the OpenAI head of the request and one from vLLM's sampling
+    # extensions: the 400 lists them in field-declaration order, so it pins that order
+    ("completions", "two-type-errors", {"top_k": 1.5, "temperature": "hot", "priority": "x"}),
+    ("chat", "two-type-errors", {"top_k": 1.5, "temperature": "hot", "priority": "x"}),
 ]
 RAW_BODIES: list[tuple[str, bytes]] = [
     ("not-json", b"{not json"),
