@@ -46,7 +46,6 @@ from engine.entrypoints.openai.legacy_reasoning import LegacyReasoningResponse, 
 from engine.entrypoints.openai.protocol import (
     CompletionTokenUsageInfo,
     DeltaMessage,
-    PromptTokenUsageInfo,
     UsageInfo,
     should_include_usage,
 )
@@ -148,14 +147,11 @@ class OpenAIServingChat(OpenAIServing):
         first = True
         hide = not request.include_reasoning and with_details
 
-        def usage(prompt: int, completion: int, reasoning: int) -> UsageInfo:
+        def usage(
+            prompt: int, completion: int, reasoning: int, cached: int | None = None
+        ) -> UsageInfo:
             details = CompletionTokenUsageInfo(reasoning_tokens=reasoning) if with_details else None
-            return UsageInfo(
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                total_tokens=prompt + completion,
-                completion_tokens_details=details,
-            )
+            return self.usage_info(prompt, completion, cached, details)
 
         def chunk_of(choice: ChatCompletionResponseStreamChoice) -> ChatCompletionStreamResponse:
             return stream_chunk(request_id, created, model, choice)
@@ -243,8 +239,7 @@ class OpenAIServingChat(OpenAIServing):
                     if parser is not None and generated[i]:
                         reasoning_tokens[i] = parser.count_reasoning_tokens(generated[i])
             if include_usage:
-                final_usage = usage(num_prompt, sum(num_tokens), sum(reasoning_tokens))
-                final_usage.prompt_tokens_details = self._prompt_details(num_cached)
+                final_usage = usage(num_prompt, sum(num_tokens), sum(reasoning_tokens), num_cached)
                 final = ChatCompletionStreamResponse(
                     id=request_id, object="chat.completion.chunk", created=created, choices=[],
                     model=model, usage=final_usage,
@@ -297,11 +292,6 @@ class OpenAIServingChat(OpenAIServing):
         if "content" not in last or last.get("role") != role:
             return ""
         return last["content"] or ""
-
-    def _prompt_details(self, num_cached: int | None) -> PromptTokenUsageInfo | None:
-        if not self.config.enable_prompt_tokens_details or num_cached is None:
-            return None
-        return PromptTokenUsageInfo(cached_tokens=num_cached)
 
     async def full_response(
         self,
@@ -361,19 +351,12 @@ class OpenAIServingChat(OpenAIServing):
             if self.config.reasoning_parser is not None
             else None
         )
-        usage = UsageInfo(
-            prompt_tokens=num_prompt,
-            completion_tokens=num_generated,
-            total_tokens=num_prompt + num_generated,
-            completion_tokens_details=details,
-        )
-        usage.prompt_tokens_details = self._prompt_details(final.num_cached_tokens)
         response = ChatCompletionResponse(
             id=request_id,
             created=created,
             model=self.config.model_name,
             choices=choices,
-            usage=usage,
+            usage=self.usage_info(num_prompt, num_generated, final.num_cached_tokens, details),
             system_fingerprint=self.config.system_fingerprint,
             prompt_logprobs=clamp_prompt_logprobs(final.prompt_logprobs),
             prompt_token_ids=final.prompt_token_ids if request.return_token_ids else None,

@@ -27,11 +27,7 @@ from engine.entrypoints.openai.completion_protocol import (
     CompletionStreamResponse,
 )
 from engine.entrypoints.openai.errors import ErrorResponse, create_error_response
-from engine.entrypoints.openai.protocol import (
-    PromptTokenUsageInfo,
-    UsageInfo,
-    should_include_usage,
-)
+from engine.entrypoints.openai.protocol import UsageInfo, should_include_usage
 from engine.entrypoints.openai.serving_engine import (
     OpenAIServing,
     PromptInput,
@@ -177,11 +173,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     yield f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
             if include_usage:
                 p, c = sum(num_prompt_tokens), sum(num_tokens)
-                usage = UsageInfo(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
-                if self.config.enable_prompt_tokens_details and num_cached is not None:
-                    usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached)
                 final = CompletionStreamResponse(
-                    id=request_id, created=created, model=model, choices=[], usage=usage,
+                    id=request_id, created=created, model=model, choices=[],
+                    usage=self.usage_info(p, c, num_cached),
                     system_fingerprint=self.config.system_fingerprint,
                 )  # fmt: skip
                 yield f"data: {final.model_dump_json(exclude_unset=False, exclude_none=True)}\n\n"
@@ -235,20 +229,13 @@ class OpenAIServingCompletion(OpenAIServing):
                 )
                 num_generated += len(output.token_ids)
             num_prompt += len(res.prompt_token_ids)
-        usage = UsageInfo(
-            prompt_tokens=num_prompt,
-            completion_tokens=num_generated,
-            total_tokens=num_prompt + num_generated,
-        )
-        last = results[-1] if results else None
-        if self.config.enable_prompt_tokens_details and last and last.num_cached_tokens is not None:
-            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=last.num_cached_tokens)
+        num_cached = results[-1].num_cached_tokens if results else None
         return CompletionResponse(
             id=request_id,
             created=created,
             model=self.config.model_name,
             choices=choices,
-            usage=usage,
+            usage=self.usage_info(num_prompt, num_generated, num_cached),
             system_fingerprint=self.config.system_fingerprint,
         )
 

