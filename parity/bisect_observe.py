@@ -27,8 +27,9 @@ from typing import Any
 
 from parity.errors import TargetStartError
 from parity.results import Divergence, TargetRun
-from parity.scenario import ConfigSpec, RequestSpec, Scenario
+from parity.scenario import ConfigSpec, Scenario
 from parity.serve.run import ServeRun
+from parity.targets.base import SchedulerWrapper
 
 Observation = TargetRun | ServeRun
 TIERS = ("scheduler", "serve")
@@ -108,12 +109,10 @@ class ObservationStore:
             self.put(by_id[scenario_id], pin, tier, observation)  # kept as soon as made
 
 
-class CheckedStartup:
+class CheckedStartup(SchedulerWrapper[Any]):
     """A scheduler-tier target with the release's startup check applied: ``start`` raises
     ``TargetStartError`` when the target's own check (``startup``, the protocol's ``Startup``)
     refuses the config."""
-
-    tier = "scheduler"
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -129,15 +128,6 @@ class CheckedStartup:
         if check is not None and check.refused:
             self.inner.close()
             raise TargetStartError(f"startup check refused: {check.message}")
-
-    def submit(self, request: RequestSpec) -> None:
-        self.inner.submit(request)
-
-    def step(self) -> Any:
-        return self.inner.step()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def shutdown(self) -> None:
         from parity.targets import shutdown_targets

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import httpx
 
@@ -83,6 +83,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    log: IO[bytes] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new process group of the caller's session (never a new session: see
+    the module docstring), so that ``signal_group(proc.pid, ...)`` reaches all of it.
+
+    With ``log`` its stdin is closed and its stdout and stderr both go to ``log``; without,
+    stdin, stdout and stderr are pipes. ``OSError`` when it cannot be run."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if log is not None else subprocess.PIPE,
+        stdout=log if log is not None else subprocess.PIPE,
+        stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        process_group=0,
+    )
+
+
 class ManagedProcess:
     """One subprocess in its own process group, logging to a file."""
 
@@ -100,15 +123,7 @@ class ManagedProcess:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.started_at = time.monotonic()
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                process_group=0,
-            )
+            self.proc = spawn(self.argv, env=env, cwd=cwd, log=self._log)
         except OSError as exc:  # no such program or folder, not executable: nothing started
             self._log.close()
             where = f" in {cwd}" if cwd is not None else ""

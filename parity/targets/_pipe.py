@@ -1,7 +1,7 @@
 """A protocol worker's process: one JSON line out, one JSON line back, every wait bounded.
 
-``WorkerProcess`` starts the worker in its own process group (``process_group=0``, as every
-process the harness starts: ``parity/process.py``) with pipes on stdin, stdout and stderr, and
+``WorkerProcess`` starts the worker in its own process group (``parity.process.spawn``, as every
+process the harness starts) with pipes on stdin, stdout and stderr, and
 ``exchange(message, timeout_s)`` writes one request line and reads one response line, both
 through ``select`` against one deadline, draining stderr meanwhile (its last lines are kept for
 error messages; it never fills its pipe and blocks the worker). Every failure is one
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import protocol
-from parity.process import signal_group, track, untrack
+from parity.process import signal_group, spawn, track, untrack
 
 MAX_LINE_BYTES = 64 << 20  # a longer response line is garbage
 STDERR_LINES = 40  # kept for error messages
@@ -53,15 +53,7 @@ class WorkerProcess:
         self._stdout_buffer = b""
         self.broken = False
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=dict(env) if env is not None else None,
-                cwd=cwd,
-                process_group=0,
-            )
+            self.proc = spawn(self.argv, env=env, cwd=cwd)  # pipes on stdin, stdout, stderr
         except OSError as exc:
             raise WorkerError(f"{label}: cannot run {self.argv[0]!r}: {exc.strerror}") from None
         track(self)

@@ -16,7 +16,7 @@ Two tiers share the base protocol:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from contract.protocol import ENGINE_ARGS
 from contract.trace import StepTrace
@@ -63,3 +63,31 @@ class SchedulerTarget(Target, Protocol):
 
     def step(self) -> StepTrace:
         """Run one scheduler step (schedule, fake model, update) and return its trace."""
+
+
+class _SchedulerCore(Protocol):
+    def submit(self, request: RequestSpec) -> None: ...
+
+    def step(self) -> StepTrace: ...
+
+    def close(self) -> None: ...
+
+
+CoreT = TypeVar("CoreT", bound=_SchedulerCore)
+
+
+class SchedulerWrapper(Generic[CoreT]):
+    """A scheduler-tier target around ``inner`` (a scheduler-tier engine, oracle or target),
+    which takes its requests, steps and ``close`` as they are; subclasses add ``start``."""
+
+    tier = "scheduler"
+    inner: CoreT
+
+    def submit(self, request: RequestSpec) -> None:
+        self.inner.submit(request)
+
+    def step(self) -> StepTrace:
+        return self.inner.step()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -25,9 +25,9 @@ is a template: ``--target oracle@0.28.0`` binds ``{version}``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from parity.errors import Problem
 
@@ -57,6 +57,7 @@ _SCHEDULER_KEYS = frozenset({"command", "in_process", "env", "cwd", "startup_tim
 
 Spelling = tuple[str, ...] | Literal[False] | Mapping[str, tuple[str, ...]]
 Capability = bool | Literal["auto"]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -290,49 +291,76 @@ def _flags(value: Any, problems: _Problems, where: tuple[Any, ...]) -> dict[str,
     from contract.engine_args import SERVE_ARGS
 
     known = (*SERVE_ARGS, "served_model_name", "enforce_eager", "async_scheduling", "extra_args")
-    if not isinstance(value, Mapping):
-        problems.add((*where, "flags"), "a table of config key = [words] | false")
-        return {}
-    found: dict[str, Spelling] = {}
-    for key, spelling in value.items():
-        here = (*where, "flags", key)
-        if key not in known:
-            problems.add(here, f"not a scenario config key (known: {', '.join(known)})")
-        elif spelling is False:
-            found[key] = False
-        elif isinstance(spelling, list) and all(isinstance(w, str) for w in spelling):
-            found[key] = tuple(spelling)
-        elif (
-            isinstance(spelling, Mapping)
-            and set(spelling) <= {"true", "false"}
-            and all(
-                isinstance(v, list) and all(isinstance(w, str) for w in v)
-                for v in spelling.values()
-            )
-        ):
-            found[key] = {k: tuple(v) for k, v in spelling.items()}
-        else:
-            problems.add(
-                here,
-                'a list of words with {value} (e.g. ["--cb-block-size", "{value}"]), false '
-                "(cannot take it), or { true = [...], false = [...] } for a switch",
-            )
-    return found
+    return _keyed_table(
+        value,
+        problems,
+        (*where, "flags"),
+        "a table of config key = [words] | false",
+        known=known,
+        unknown="not a scenario config key",
+        parse=_spelling,
+        invalid='a list of words with {value} (e.g. ["--cb-block-size", "{value}"]), false '
+        "(cannot take it), or { true = [...], false = [...] } for a switch",
+    )
+
+
+def _spelling(value: Any) -> Spelling | None:
+    """One ``flags`` entry, or None when it is none of the three forms."""
+    if value is False:
+        return False
+    if isinstance(value, list) and all(isinstance(w, str) for w in value):
+        return tuple(value)
+    if (
+        isinstance(value, Mapping)
+        and set(value) <= {"true", "false"}
+        and all(isinstance(v, list) and all(isinstance(w, str) for w in v) for v in value.values())
+    ):
+        return {k: tuple(v) for k, v in value.items()}
+    return None
 
 
 def _capabilities(value: Any, problems: _Problems, where: tuple[Any, ...]) -> dict[str, Capability]:
+    return _keyed_table(
+        value,
+        problems,
+        (*where, "capabilities"),
+        'a table of capability = true | false | "auto"',
+        known=CAPABILITIES,
+        unknown="unknown capability",
+        parse=_capability,
+        invalid='must be true, false or "auto"',
+    )
+
+
+def _capability(value: Any) -> Capability | None:
+    return value if value is True or value is False or value == "auto" else None
+
+
+def _keyed_table(
+    value: Any,
+    problems: _Problems,
+    where: tuple[Any, ...],
+    expected: str,
+    *,
+    known: Sequence[str],
+    unknown: str,
+    parse: Callable[[Any], _T | None],
+    invalid: str,
+) -> dict[str, _T]:
+    """A table at ``where`` whose keys are among ``known`` and whose entries ``parse`` reads
+    (None: not valid). ``expected`` says what a bad table should have been, ``unknown`` what a
+    key outside ``known`` is, ``invalid`` what a bad entry should have been."""
     if not isinstance(value, Mapping):
-        problems.add((*where, "capabilities"), 'a table of capability = true | false | "auto"')
+        problems.add(where, expected)
         return {}
-    found: dict[str, Capability] = {}
-    for name, setting in value.items():
-        here = (*where, "capabilities", name)
-        if name not in CAPABILITIES:
-            problems.add(here, f"unknown capability (known: {', '.join(CAPABILITIES)})")
-        elif setting is True or setting is False or setting == "auto":
-            found[name] = setting
+    found: dict[str, _T] = {}
+    for key, entry in value.items():
+        if key not in known:
+            problems.add((*where, key), f"{unknown} (known: {', '.join(known)})")
+        elif (parsed := parse(entry)) is not None:
+            found[key] = parsed
         else:
-            problems.add(here, 'must be true, false or "auto"')
+            problems.add((*where, key), invalid)
     return found
 
 

@@ -11,50 +11,38 @@ this tier (``contract.profiles.PROFILES[name].tiers``): ``abort-unservable`` and
 
 from __future__ import annotations
 
-from contract.trace import StepTrace
 from engine import divergence
 from engine.core.scheduler_tier import EngineRefusal, SchedulerTierEngine
 from parity.errors import TargetSpecError, TargetStartError
-from parity.scenario import ConfigSpec, RequestSpec
+from parity.scenario import ConfigSpec
 from parity.targets._script import shared_script
-from parity.targets.base import engine_args
+from parity.targets.base import SchedulerWrapper, engine_args
 
 
-class EngineTarget:
+class EngineTarget(SchedulerWrapper[SchedulerTierEngine]):
     """``SchedulerTierEngine``, rebuilt on every ``start``."""
-
-    tier = "scheduler"
 
     def __init__(self, argument: str = "") -> None:
         self.name = "engine"
         self.model_dir = argument or None
-        self.engine = SchedulerTierEngine(script=shared_script())
+        self.inner = SchedulerTierEngine(script=shared_script())
         self.notes: list[str] = []
 
     @property
     def profiles(self) -> tuple[str, ...]:
-        return self.engine.profiles
+        return self.inner.profiles
 
     def configure_flags(self, flags: list[str]) -> None:
         """``--divergence NAME`` (repeatable, or ``--divergence=NAME``); anything else, an
         unknown profile or a serve-only one is a one-line ``TargetSpecError``."""
         try:
-            self.engine.profiles = divergence.scheduler_tier_profiles(flags)
+            self.inner.profiles = divergence.scheduler_tier_profiles(flags)
         except ValueError as e:
             raise TargetSpecError(f"scheduler-tier engine: {e}") from None
 
     def start(self, config: ConfigSpec) -> None:
         try:
-            self.engine.start(engine_args(config, self.model_dir))
+            self.inner.start(engine_args(config, self.model_dir))
         except EngineRefusal as exc:
             raise TargetStartError(str(exc)) from None
         self.notes = []
-
-    def submit(self, request: RequestSpec) -> None:
-        self.engine.submit(request)
-
-    def step(self) -> StepTrace:
-        return self.engine.step()
-
-    def close(self) -> None:
-        self.engine.close()

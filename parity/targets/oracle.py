@@ -9,23 +9,27 @@ startup, the run carries a note saying so.
 
 from __future__ import annotations
 
-from contract.trace import StepTrace
+from typing import TYPE_CHECKING, Any
+
 from parity.errors import TargetStartError
-from parity.scenario import ConfigSpec, RequestSpec
+from parity.scenario import ConfigSpec
 from parity.targets._script import shared_script
-from parity.targets.base import engine_args
+from parity.targets.base import SchedulerWrapper, engine_args
+
+if TYPE_CHECKING:
+    from oracle.scheduler_tier import SchedulerTierOracle
 
 
-class OracleTarget:
+class OracleTarget(SchedulerWrapper[Any]):  # Any: the class is imported when made (vllm)
     """``SchedulerTierOracle``: a fresh upstream scheduler per ``start``."""
 
-    tier = "scheduler"
+    inner: SchedulerTierOracle
 
     def __init__(self, argument: str = "") -> None:
         from oracle.scheduler_tier import OracleRefusal, SchedulerTierOracle  # imports vllm
 
         self._refusal = OracleRefusal
-        self.oracle = SchedulerTierOracle(script=shared_script())  # type: ignore[arg-type]
+        self.inner = SchedulerTierOracle(script=shared_script())  # type: ignore[arg-type]
         self.name = "oracle"
         self.model_dir = argument or None
         self.notes: list[str] = []
@@ -33,16 +37,7 @@ class OracleTarget:
     def start(self, config: ConfigSpec) -> None:
         self.notes = []
         try:
-            self.oracle.start(engine_args(config, self.model_dir))
+            self.inner.start(engine_args(config, self.model_dir))
         except self._refusal as exc:
             raise TargetStartError(str(exc)) from None
-        self.notes = list(self.oracle.notes)
-
-    def submit(self, request: RequestSpec) -> None:
-        self.oracle.submit(request)
-
-    def step(self) -> StepTrace:
-        return self.oracle.step()
-
-    def close(self) -> None:
-        self.oracle.close()
+        self.notes = list(self.inner.notes)

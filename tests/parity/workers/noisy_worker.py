@@ -7,8 +7,8 @@ import os
 import sys
 
 from contract.protocol import Started, Startup
-from contract.trace import StepTrace
 from contract.worker import serve
+from parity.targets.replay import idle_step
 
 
 class NoisyBackend:
@@ -29,21 +29,7 @@ class NoisyBackend:
     def step(self):
         self.steps += 1
         os.write(1, b"raw write to fd 1 during step\n")
-        empty = {"num_scheduled_tokens": {}, "finished": {}, "stop_reasons": {}}
-        return StepTrace(
-            step=self.steps,
-            scheduled_new_req_ids=(),
-            scheduled_resumed_req_ids=(),
-            scheduled_running_req_ids=(),
-            preempted_req_ids=(),
-            sampled_token_ids={},
-            block_ids={},
-            num_computed_tokens={},
-            running=(),
-            waiting=(),
-            num_free_blocks=3,
-            **empty,
-        )
+        return idle_step(self.steps, None)
 
     def close(self):
         print("print() during close")
