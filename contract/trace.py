@@ -21,8 +21,9 @@ Observation points (both sides must follow them exactly):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +77,38 @@ class StepTrace:
     def is_idle(self) -> bool:
         """True when this step scheduled nothing."""
         return not self.num_scheduled_tokens
+
+
+class CoreOutputLike(Protocol):
+    """What a trace reads of one request's output of a step (our ``EngineCoreOutput``,
+    upstream's ``vllm/v1/engine/__init__.py`` ``EngineCoreOutput``)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def new_token_ids(self) -> Sequence[int]: ...
+    @property
+    def finish_reason(self) -> object: ...  # None, or an enum whose str() is the reason name
+    @property
+    def stop_reason(self) -> int | str | None: ...
+
+
+@dataclass(slots=True)
+class StepOutcomes:
+    """``finished``, ``stop_reasons`` and ``sampled_token_ids`` of one step, collected the same
+    way by both sides (see the module docstring): an output with new tokens is sampled, one with
+    a finish reason is finished; a later entry for a request replaces an earlier one."""
+
+    finished: dict[str, str] = field(default_factory=dict)
+    stop_reasons: dict[str, int | str | None] = field(default_factory=dict)
+    sampled_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def finish(self, request_id: str, reason: str, stop_reason: int | str | None) -> None:
+        self.finished[request_id] = reason
+        self.stop_reasons[request_id] = stop_reason
+
+    def add(self, output: CoreOutputLike) -> None:
+        if output.new_token_ids:
+            self.sampled_token_ids[output.request_id] = tuple(output.new_token_ids)
+        if output.finish_reason is not None:
+            self.finish(output.request_id, str(output.finish_reason), output.stop_reason)

@@ -8,18 +8,26 @@ at the first ``start``, so ``hello`` answers at once even when the backend's imp
 (``import vllm`` takes ~16 s).
 
 Workers: ``engine/core/scheduler_worker.py`` (our engine) and ``oracle/scheduler_worker.py``
-(upstream's ``Scheduler``). Standard library only. Upstream: none.
+(upstream's ``Scheduler``), each an in-process scheduler-tier target behind ``TierBackend``. Standard library only. Upstream: none.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO, Protocol
 
 from contract import protocol, protocol_checks
-from contract.protocol import ProtocolError, Refused, Started, SubmitRequest, Unsupported
+from contract.protocol import (
+    ProtocolError,
+    Refused,
+    RequestLike,
+    Started,
+    Startup,
+    SubmitRequest,
+    Unsupported,
+)
 from contract.trace import StepTrace
 
 
@@ -36,6 +44,50 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the scenario's scheduler; safe to call twice."""
+
+
+class Tier(Protocol):
+    """A scheduler-tier target in process (``engine.core.scheduler_tier.SchedulerTierEngine``,
+    ``oracle.scheduler_tier.SchedulerTierOracle``)."""
+
+    @property
+    def notes(self) -> Sequence[str]:
+        """Free-text notes for the run, set by ``start``."""
+
+    def start(self, values: Mapping[str, Any]) -> Startup: ...
+
+    def submit(
+        self, request: RequestLike, output_token_ids: Sequence[int] | None = None
+    ) -> None: ...
+
+    def step(self) -> StepTrace: ...
+
+    def close(self) -> None: ...
+
+
+class TierBackend:
+    """A ``Tier`` behind the protocol: its ``refusal`` exception becomes ``Refused``, and each
+    request's ``output_token_ids`` are what its fake runner samples."""
+
+    def __init__(self, tier: Tier, refusal: type[Exception]) -> None:
+        self.tier = tier
+        self.refusal = refusal
+
+    def start(self, config: dict[str, Any]) -> Started:
+        try:
+            startup = self.tier.start(config)
+        except self.refusal as exc:
+            raise Refused(str(exc)) from None
+        return Started(tuple(self.tier.notes), startup)
+
+    def submit(self, request: SubmitRequest) -> None:
+        self.tier.submit(request, request.output_token_ids)
+
+    def step(self) -> StepTrace:
+        return self.tier.step()
+
+    def close(self) -> None:
+        self.tier.close()
 
 
 def claim_stdout() -> BinaryIO:

@@ -15,19 +15,15 @@ Also ``upstream_max_model_len`` (``ModelConfig``'s derived length and its refusa
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.launcher import OFFLINE_ENV
-from oracle.pin import check_installed
+from oracle.vllm_env import prepare_vllm_import
 
-check_installed()
-for _key, _value in OFFLINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+prepare_vllm_import()
 
 import torch  # noqa: E402
 import vllm.logger as vllm_logger  # noqa: E402

@@ -11,17 +11,13 @@ so tests compare our errors with upstream's instead of transcribing them:
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.launcher import OFFLINE_ENV
-from oracle.pin import check_installed
+from oracle.vllm_env import prepare_vllm_import
 
-check_installed()
-for _key, _value in OFFLINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+prepare_vllm_import()
 
 from vllm.config import ModelConfig  # noqa: E402
 from vllm.entrypoints.serve.utils import api_utils  # noqa: E402

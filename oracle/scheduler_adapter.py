@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from contract.protocol import RequestLike, output_token_at
 from contract.scripted.script import ContextState, ScriptState, new_state
-from contract.trace import StepTrace
+from contract.trace import StepOutcomes, StepTrace
 from oracle import releases
 from oracle.pin import check_installed
 from oracle.scheduler_config import (  # checks the pin and sets the offline env before vllm
@@ -288,16 +288,10 @@ class OracleScheduler:
             raise AssertionError(
                 f"preemption record {self._preempted} != {scheduler_output.preempted_req_ids}"
             )
-        finished: dict[str, str] = {}
-        stop_reasons: dict[str, int | str | None] = {}
-        sampled: dict[str, tuple[int, ...]] = {}
+        outcomes = StepOutcomes()
         for engine_outputs in outputs.values():
             for out in engine_outputs.outputs:
-                if out.new_token_ids:
-                    sampled[out.request_id] = tuple(out.new_token_ids)
-                if out.finish_reason is not None:
-                    finished[out.request_id] = str(out.finish_reason)
-                    stop_reasons[out.request_id] = out.stop_reason
+                outcomes.add(out)
         running = tuple(r.request_id for r in sched.running)
         waiting_reqs = releases.waiting_requests(sched)
         manager = sched.kv_cache_manager
@@ -308,9 +302,9 @@ class OracleScheduler:
             scheduled_resumed_req_ids=tuple(r for r in cached.req_ids if r in resumed),
             scheduled_running_req_ids=tuple(r for r in cached.req_ids if r not in resumed),
             preempted_req_ids=tuple(self._preempted),
-            finished=finished,
-            stop_reasons=stop_reasons,
-            sampled_token_ids=sampled,
+            finished=outcomes.finished,
+            stop_reasons=outcomes.stop_reasons,
+            sampled_token_ids=outcomes.sampled_token_ids,
             block_ids={r: tuple(manager.get_block_ids(r)[0]) for r in running},
             num_computed_tokens={
                 r.request_id: r.num_computed_tokens for r in (*sched.running, *waiting_reqs)

@@ -20,19 +20,15 @@ Config input uses vLLM's engine-arg names; ``num_gpu_blocks_override`` is the po
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from oracle import releases
-from oracle.launcher import OFFLINE_ENV
-from oracle.pin import check_installed
+from oracle.vllm_env import prepare_vllm_import
 
-check_installed()
-for _key, _value in OFFLINE_ENV.items():
-    os.environ.setdefault(_key, _value)
+prepare_vllm_import()
 
 import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402

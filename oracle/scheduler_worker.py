@@ -13,43 +13,21 @@ parts of the adapter: ``oracle/releases.py``).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from contract.protocol import Refused, Started, SubmitRequest
-from contract.trace import StepTrace
-from contract.worker import serve
+from contract.worker import TierBackend, serve
 from oracle.pin import DISTRIBUTION, installed_version
 
 
-class OracleBackend:
+def _backend() -> TierBackend:
     """``SchedulerTierOracle`` behind the protocol."""
+    from oracle.scheduler_tier import OracleRefusal, SchedulerTierOracle  # imports vllm
 
-    def __init__(self) -> None:
-        from oracle.scheduler_tier import OracleRefusal, SchedulerTierOracle  # imports vllm
-
-        self._refusal = OracleRefusal
-        self.oracle = SchedulerTierOracle()
-
-    def start(self, config: dict[str, Any]) -> Started:
-        try:
-            startup = self.oracle.start(config)
-        except self._refusal as exc:
-            raise Refused(str(exc)) from None
-        return Started(tuple(self.oracle.notes), startup)
-
-    def submit(self, request: SubmitRequest) -> None:
-        self.oracle.submit(request, request.output_token_ids)
-
-    def step(self) -> StepTrace:
-        return self.oracle.step()
-
-    def close(self) -> None:
-        self.oracle.close()
+    return TierBackend(SchedulerTierOracle(), OracleRefusal)
 
 
 def main() -> int:
     implementation = f"{DISTRIBUTION} {installed_version()} Scheduler (oracle.scheduler_worker)"
-    return serve(implementation, OracleBackend)
+    return serve(implementation, _backend)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,18 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}, {cached})"
 
 
+def _link_between(left: KVCacheBlock, blocks: Sequence[KVCacheBlock], right: KVCacheBlock) -> None:
+    """Chain ``blocks`` in order between the neighbours ``left`` and ``right`` (which end up
+    linked to each other when ``blocks`` is empty)."""
+    prev = left
+    for block in blocks:
+        prev.next_free_block = block
+        block.prev_free_block = prev
+        prev = block
+    prev.next_free_block = right
+    right.prev_free_block = prev
+
+
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks in eviction order, O(1) removal from the middle.
 
@@ -125,13 +137,7 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks = len(blocks)
         self.fake_head = KVCacheBlock(-1)
         self.fake_tail = KVCacheBlock(-1)
-        prev = self.fake_head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = self.fake_tail
-        self.fake_tail.prev_free_block = prev
+        _link_between(self.fake_head, blocks, self.fake_tail)
 
     def popleft(self) -> KVCacheBlock:
         if self.num_free_blocks == 0:
@@ -169,31 +175,16 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put blocks at the tail (evicted last), in the given order."""
-        if not blocks:
-            return
         last = self.fake_tail.prev_free_block
         assert last is not None
-        for block in blocks:
-            last.next_free_block = block
-            block.prev_free_block = last
-            last = block
-        last.next_free_block = self.fake_tail
-        self.fake_tail.prev_free_block = last
+        _link_between(last, blocks, self.fake_tail)
         self.num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put blocks at the head (reused first), keeping their order."""
-        if not blocks:
-            return
         first = self.fake_head.next_free_block
         assert first is not None
-        prev = self.fake_head
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = first
-        first.prev_free_block = prev
+        _link_between(self.fake_head, blocks, first)
         self.num_free_blocks += len(blocks)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:

@@ -58,6 +58,7 @@ class SchedulerTierEngine:
         self.core: EngineCore | None = None
         self.runner: ScriptedModelRunner | None = None
         self.startup = Startup()
+        self.notes: list[str] = []  # notes for the run summary: none (the oracle's has some)
         self._eos_token_id: int | None = None
         self._generation_config: dict[str, object] = {}
         self._num_added = 0

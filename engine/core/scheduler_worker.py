@@ -13,36 +13,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from contract.protocol import Refused, Started, SubmitRequest
-from contract.trace import StepTrace
-from contract.worker import serve
+from contract.worker import TierBackend, serve
 from engine import divergence
 from engine.core.scheduler_tier import EngineRefusal, SchedulerTierEngine
 
 IMPLEMENTATION = "vllm-parity engine (engine.core.scheduler_worker)"
-
-
-class EngineBackend:
-    """``SchedulerTierEngine`` behind the protocol."""
-
-    def __init__(self, profiles: tuple[str, ...] = ()) -> None:
-        self.engine = SchedulerTierEngine(profiles)
-
-    def start(self, config: dict[str, object]) -> Started:
-        try:
-            startup = self.engine.start(config)
-        except EngineRefusal as exc:
-            raise Refused(str(exc)) from None
-        return Started(notes=(), startup=startup)
-
-    def submit(self, request: SubmitRequest) -> None:
-        self.engine.submit(request, request.output_token_ids)
-
-    def step(self) -> StepTrace:
-        return self.engine.step()
-
-    def close(self) -> None:
-        self.engine.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"engine.core.scheduler_worker: {exc}\n")
         return 2
     name = IMPLEMENTATION + "".join(f" --divergence {p}" for p in profiles)
-    return serve(name, lambda: EngineBackend(profiles))
+    return serve(name, lambda: TierBackend(SchedulerTierEngine(profiles), EngineRefusal))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ anything else changes the scheduler. The observation points are the ones ``contr
 documents: scheduled ids and token counts from this step's ``SchedulerOutput``; preempted ids in
 preemption order from this ``schedule()``; everything else read after ``update_from_output()``.
 
-Conventions both sides must share (the oracle adapter builds the same fields):
+Conventions both sides must share (the oracle adapter builds the same fields; the finished and
+sampled ones are collected by ``contract.trace.StepOutcomes`` on both sides):
 - ``finished`` / ``stop_reasons``: requests finished by this step's ``update_from_output``, plus
   requests aborted (``finish_requests``) since the previous step; finish reasons as strings.
 - ``sampled_token_ids``: only requests that got at least one token this step (after trimming).
@@ -16,7 +17,7 @@ Conventions both sides must share (the oracle adapter builds the same fields):
 
 from __future__ import annotations
 
-from contract.trace import StepTrace
+from contract.trace import StepOutcomes, StepTrace
 from engine.core.engine_core import EngineCore, StepResult
 from engine.core.outputs import EngineCoreOutput
 from engine.core.sched.scheduler import Scheduler
@@ -24,18 +25,11 @@ from engine.core.sched.scheduler import Scheduler
 
 def build_step_trace(scheduler: Scheduler, result: StepResult) -> StepTrace:
     """The trace of ``result``'s step; call right after the step that returned it."""
-    finished: dict[str, str] = {}
-    stop_reasons: dict[str, int | str | None] = {}
+    outcomes = StepOutcomes()
     for req_id, (reason, stop_reason) in result.aborted.items():
-        finished[req_id] = reason
-        stop_reasons[req_id] = stop_reason
-    sampled: dict[str, tuple[int, ...]] = {}
+        outcomes.finish(req_id, reason, stop_reason)
     for out in result.outputs:
-        if out.new_token_ids:
-            sampled[out.request_id] = tuple(out.new_token_ids)
-        if out.finish_reason is not None:
-            finished[out.request_id] = str(out.finish_reason)
-            stop_reasons[out.request_id] = out.stop_reason
+        outcomes.add(out)
 
     scheduler_output = result.scheduler_output
     cached = scheduler_output.scheduled_cached_reqs
@@ -50,9 +44,9 @@ def build_step_trace(scheduler: Scheduler, result: StepResult) -> StepTrace:
         scheduled_resumed_req_ids=tuple(i for i in cached.req_ids if i in resumed),
         scheduled_running_req_ids=tuple(i for i in cached.req_ids if i not in resumed),
         preempted_req_ids=result.preempted_req_ids,
-        finished=finished,
-        stop_reasons=stop_reasons,
-        sampled_token_ids=sampled,
+        finished=outcomes.finished,
+        stop_reasons=outcomes.stop_reasons,
+        sampled_token_ids=outcomes.sampled_token_ids,
         block_ids={
             r.request_id: tuple(kv.req_to_block_ids.get(r.request_id, ()))
             for r in scheduler.running

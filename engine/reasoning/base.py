@@ -25,6 +25,19 @@ class ReasoningParserTokenizerError(RuntimeError):
     """The tokenizer lacks the parser's start or end token (basic_parsers.py:63-67)."""
 
 
+class _DeltaField:
+    """One ``DeltaMessage`` field: ``None`` until set; setting it (even to ``None``) marks it set."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, message: DeltaMessage, owner: type | None = None) -> str | None:
+        return message._values.get(self.name)
+
+    def __set__(self, message: DeltaMessage, value: str | None) -> None:
+        message._values[self.name] = value
+
+
 class DeltaMessage:
     """A streamed chat delta: ``role``, ``content``, ``reasoning``; remembers which were set."""
 
@@ -36,32 +49,9 @@ class DeltaMessage:
             raise TypeError(f"unknown DeltaMessage fields: {sorted(unknown)}")
         self._values: dict[str, str | None] = dict(fields)
 
-    def _get(self, name: str) -> str | None:
-        return self._values.get(name)
-
-    @property
-    def role(self) -> str | None:
-        return self._get("role")
-
-    @role.setter
-    def role(self, value: str | None) -> None:
-        self._values["role"] = value
-
-    @property
-    def content(self) -> str | None:
-        return self._get("content")
-
-    @content.setter
-    def content(self, value: str | None) -> None:
-        self._values["content"] = value
-
-    @property
-    def reasoning(self) -> str | None:
-        return self._get("reasoning")
-
-    @reasoning.setter
-    def reasoning(self, value: str | None) -> None:
-        self._values["reasoning"] = value
+    role = _DeltaField()
+    content = _DeltaField()
+    reasoning = _DeltaField()
 
     def to_dict(self) -> dict[str, str | None]:
         """The fields that were set (in field order), as ``exclude_unset=True`` dumps them."""
@@ -159,21 +149,33 @@ class ThinkingReasoningParser:
             self.end_token_id,
         ):
             return None
-        start_in_delta = self.start_token_id in delta_token_ids
-        end_in_delta = self.end_token_id in delta_token_ids
         if self.start_token_id in previous_token_ids:
-            if end_in_delta:
-                return self._split_at_end(delta_text, delta_text.find(self.end_token))
-            if self.end_token_id in previous_token_ids:
-                return DeltaMessage(content=delta_text)
-            return DeltaMessage(reasoning=delta_text)
-        if start_in_delta:
-            if end_in_delta:
+            return self._inside_reasoning(delta_text, previous_token_ids, delta_token_ids)
+        if self.start_token_id in delta_token_ids:
+            if self.end_token_id in delta_token_ids:
                 start = delta_text.find(self.start_token) + len(self.start_token)
                 end = delta_text.find(self.end_token)
                 content = delta_text[end + len(self.end_token) :]
                 return DeltaMessage(reasoning=delta_text[start:end], content=content or None)
             return DeltaMessage(reasoning=delta_text)
+        return self._without_start(delta_text, previous_token_ids, delta_token_ids)
+
+    def _inside_reasoning(
+        self, delta_text: str, previous_token_ids: Sequence[int], delta_token_ids: Sequence[int]
+    ) -> DeltaMessage:
+        """A delta after reasoning started: the end marker in it splits it, an end marker
+        generated earlier makes it content, otherwise it is reasoning (basic_parsers.py:116-133)."""
+        if self.end_token_id in delta_token_ids:
+            return self._split_at_end(delta_text, delta_text.find(self.end_token))
+        if self.end_token_id in previous_token_ids:
+            return DeltaMessage(content=delta_text)
+        return DeltaMessage(reasoning=delta_text)
+
+    def _without_start(
+        self, delta_text: str, previous_token_ids: Sequence[int], delta_token_ids: Sequence[int]
+    ) -> DeltaMessage:
+        """A delta when no start marker was generated (before or in it): content
+        (basic_parsers.py:149-151). Subclasses whose models may omit the start marker override it."""
         return DeltaMessage(content=delta_text)
 
     def _split_at_end(self, delta_text: str, end_index: int) -> DeltaMessage:
