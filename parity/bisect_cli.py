@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from parity._cli import guarded
+
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_PIN_MISSING = 3
@@ -147,14 +149,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def _guarded(func: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(func(args))
-        except PinMissing as exc:
-            sys.stderr.write(f"parity {args.command}: {exc}\n")
-            return EXIT_PIN_MISSING
-
-    return run
+    return guarded(func, PinMissing, EXIT_PIN_MISSING)
 
 
 def add_bisect_commands(subparsers: Any) -> None:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from parity.errors import ParityError
 
@@ -48,21 +48,20 @@ class _Parser:
         self.pos += 1
         return token
 
-    def parse_or(self) -> bool:
-        result = self.parse_and()
-        while self._peek() == "or":
+    def _chain(self, word: str, operand: Callable[[], bool]) -> list[bool]:
+        """Every operand of ``operand (word operand)*``, each parsed (no short circuit: parsing
+        an operand consumes its tokens)."""
+        values = [operand()]
+        while self._peek() == word:
             self.pos += 1
-            right = self.parse_and()
-            result = result or right
-        return result
+            values.append(operand())
+        return values
+
+    def parse_or(self) -> bool:
+        return any(self._chain("or", self.parse_and))
 
     def parse_and(self) -> bool:
-        result = self.parse_not()
-        while self._peek() == "and":
-            self.pos += 1
-            right = self.parse_not()
-            result = result and right
-        return result
+        return all(self._chain("and", self.parse_not))
 
     def parse_not(self) -> bool:
         if self._peek() == "not":

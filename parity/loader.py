@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from parity._yaml import LineMap, Path, dotted, line_of, load_with_lines
 from parity.errors import Problem, ScenarioError, brief
 from parity.prompts import PromptError, tokenizer_for
-from parity.scenario import SCHEDULER_REQUEST_KEYS, Scenario
+from parity.scenario import SCHEDULER_REQUEST_KEYS, ExpectSpec, Scenario
 
 SERVE_CONFIG_KEYS = ("reasoning_parser", "extra_args")
 SERVE_LIMIT_KEYS = (
@@ -30,6 +30,9 @@ SERVE_LIMIT_KEYS = (
 )
 NOT_SCENARIOS = frozenset({"ledger.yaml"})
 _REQUEST_DEFAULTS = {"min_tokens": 0, "stop_token_ids": [], "priority": 0, "at_step": 0}
+# ExpectSpec's dicts not keyed by request id (every other dict of it is: request id -> value)
+_EXPECT_NOT_BY_REQUEST = frozenset({"steps", "startup_numbers"})
+M = TypeVar("M", bound=BaseModel)
 
 
 REPRO_SUFFIX = ".repro.yaml"  # parity repro files (parity/repro/spec.py), not scenarios
@@ -95,37 +98,54 @@ def load_scenarios(paths: Iterable[str | FsPath]) -> list[Scenario]:
 
 def load_scenario(path: str | FsPath) -> Scenario:
     """Load and validate one scenario file."""
-    file = str(path)
-    try:
-        text = FsPath(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError.at(file, None, f"cannot read: {exc}") from None
-    return parse_scenario(text, file, stem=FsPath(path).stem)
+    return parse_scenario(read_source(path), str(path), stem=FsPath(path).stem)
 
 
 def parse_scenario(text: str, file: str, stem: str | None = None) -> Scenario:
     """Validate scenario text; ``stem`` (when given) must equal the ``id``."""
-    data, lines = load_with_lines(text, file)
-    if data is None:
-        raise ScenarioError.at(file, 1, "empty scenario file")
-    try:
-        scenario = Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ScenarioError(schema_problems(exc, data, lines, file)) from None
+    scenario, lines = validate_text(Scenario, text, file, "scenario")
     scenario.attach_source(file, lines)
-    problems = [
-        Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
-        for path, message in _semantic(scenario, stem)
-    ]
+    problems = located(file, lines, _semantic(scenario, stem))
     scenario, tokenized = _tokenize_prompts(scenario)
-    problems.extend(
-        Problem(file, line_of(lines, path), f"{dotted(path)}: {message}")
-        for path, message in tokenized
-    )
-    if problems:
-        raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
+    problems.extend(located(file, lines, tokenized))
+    raise_problems(problems)
     scenario.attach_source(file, lines)
     return scenario
+
+
+def read_source(path: str | FsPath) -> str:
+    """The text of the file ``path``; ``ScenarioError`` (``file: cannot read: ...``) if it
+    cannot be read."""
+    try:
+        return FsPath(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError.at(str(path), None, f"cannot read: {exc}") from None
+
+
+def validate_text(model: type[M], text: str, file: str, what: str) -> tuple[M, LineMap]:
+    """YAML ``text`` validated as ``model``, with the line of every data path.
+
+    ``ScenarioError`` for a YAML syntax error, an empty file (``empty <what> file``) or
+    schema problems (``schema_problems``, ``what`` naming the top level).
+    """
+    data, lines = load_with_lines(text, file)
+    if data is None:
+        raise ScenarioError.at(file, 1, f"empty {what} file")
+    try:
+        return model.model_validate(data), lines
+    except ValidationError as exc:
+        raise ScenarioError(schema_problems(exc, data, lines, file, root=what)) from None
+
+
+def located(file: str, lines: LineMap, found: Iterable[tuple[Path, str]]) -> list[Problem]:
+    """Semantic problems (``(data path, message)``) as ``file:line: path: message``."""
+    return [Problem(file, line_of(lines, path), f"{dotted(path)}: {m}") for path, m in found]
+
+
+def raise_problems(problems: Sequence[Problem]) -> None:
+    """Raise ``ScenarioError`` with ``problems`` in line order, if there are any."""
+    if problems:
+        raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
 
 
 def _tokenize_prompts(scenario: Scenario) -> tuple[Scenario, list[tuple[Path, str]]]:
@@ -261,21 +281,11 @@ def _expect_checks(scenario: Scenario, ids: set[str]) -> list[tuple[Path, str]]:
     if expect is None:
         return []
     found: list[tuple[Path, str]] = []
-    for key in (
-        "outcome",
-        "finish_reason",
-        "stop_reason",
-        "num_output_tokens",
-        "output_token_ids",
-        "num_preemptions",
-        "finished_at_step",
-        "status",
-        "error_param",
-        "text",
-        "reasoning",
-        "num_choices",
-    ):
-        for request_id in getattr(expect, key):
+    for key in ExpectSpec.model_fields:
+        by_request = getattr(expect, key)
+        if not isinstance(by_request, dict) or key in _EXPECT_NOT_BY_REQUEST:
+            continue
+        for request_id in by_request:
             if request_id not in ids:
                 found.append((("expect", key, request_id), f"unknown request {brief(request_id)}"))
     for step in expect.steps:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from parity import pins
+from parity._cli import guarded
 from parity.pins import PinError
 
 EXIT_OK = 0
@@ -92,14 +93,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _guarded(func: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return int(func(args))
-        except PinError as exc:
-            sys.stderr.write(f"parity pins: {exc}\n")
-            return EXIT_PIN_FAILED
-
-    return run
+    return guarded(func, PinError, EXIT_PIN_FAILED)
 
 
 def add_pins_commands(subparsers: Any) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.trace import StepTrace
+from parity._judge import diff_and_check
 from parity.differ import diff_runs
 from parity.errors import TargetStartError
 from parity.expect import check_expect
@@ -180,12 +181,7 @@ def run_scenario(
     """Run ``scenario`` on every target, diff each against the first, check ``expect:``."""
     began = time.perf_counter()
     runs = tuple(run_target(scenario, target, project) for target in targets)
-    divergences: list[Divergence] = []
-    for other in runs[1:]:
-        divergences.extend(diff_runs(scenario, runs[0], other))
-    failures: list[ExpectFailure] = []
-    for run in runs:
-        failures.extend(check_expect(scenario, run))
+    divergences, failures = diff_and_check(scenario, runs, diff_runs, check_expect)
     status, verdict = _verdict(runs, divergences, failures)
     result = ScenarioResult(
         scenario_id=scenario.id,
@@ -195,8 +191,8 @@ def run_scenario(
         status=status,
         verdict=verdict,
         runs=tuple(run.summary for run in runs),
-        divergences=tuple(divergences),
-        expect_failures=tuple(failures),
+        divergences=divergences,
+        expect_failures=failures,
         elapsed_s=round(time.perf_counter() - began, 6),
     )
     return result, runs

@@ -73,6 +73,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _serve(description: str, **field: Any) -> Any:
+    """A ``Field`` of a serve-tier key: its description says so; unset (None) unless ``field``
+    (more ``Field`` arguments) gives a default."""
+    if "default_factory" not in field:
+        field.setdefault("default", None)
+    return Field(description=f"serve tier: {description}", **field)
+
+
 class ConfigSpec(_Strict):
     """Engine arguments, named as vLLM's (``--block-size`` is ``block_size``)."""
 
@@ -110,11 +118,9 @@ class ConfigSpec(_Strict):
     )
     seed: int = Field(default=0, description="engine seed (--seed)")
     # serve tier
-    reasoning_parser: str | None = Field(
-        default=None, description="serve tier: --reasoning-parser, e.g. deepseek_r1"
-    )
-    extra_args: list[str] = Field(
-        default_factory=list, description="serve tier: extra server flags, e.g. [--enforce-eager]"
+    reasoning_parser: str | None = _serve("--reasoning-parser, e.g. deepseek_r1")
+    extra_args: list[str] = _serve(
+        "extra server flags, e.g. [--enforce-eager]", default_factory=list
     )
 
 
@@ -142,9 +148,7 @@ class RequestSpec(_Strict):
         "harness: selectors such as <|answer:5|>, <|think:3|>, <|loop|> and one-token words "
         "( 5, a, tick) of the scripted model",
     )
-    messages: list[Message] | None = Field(
-        default=None, min_length=1, description="serve tier: a chat conversation (chat endpoint)"
-    )
+    messages: list[Message] | None = _serve("a chat conversation (chat endpoint)", min_length=1)
     max_tokens: NonNegativeInt | None = Field(
         default=None, description="most output tokens (required at the scheduler tier)"
     )
@@ -162,73 +166,35 @@ class RequestSpec(_Strict):
         default=0, description="scheduler tier: added just before step at_step + 1"
     )
     # serve tier
-    endpoint: Literal["completions", "chat"] | None = Field(
-        default=None, description="serve tier: /v1/completions or /v1/chat/completions"
+    endpoint: Literal["completions", "chat"] | None = _serve(
+        "/v1/completions or /v1/chat/completions"
     )
-    model: str | None = Field(
-        default=None, description="serve tier: the body's model (default: the served name)"
-    )
-    stream: bool = Field(default=False, description="serve tier: stream server-sent events")
-    stream_options: dict[str, bool] | None = Field(
-        default=None, description="serve tier: e.g. {include_usage: true}"
-    )
-    at_ms: NonNegativeFloat | None = Field(
-        default=None, description="serve tier: send this many ms after the run starts"
-    )
-    repeat: PositiveInt = Field(
-        default=1, description="serve tier: send this many copies (id#k), compared one by one"
-    )
-    concurrency: PositiveInt | None = Field(
-        default=None, description="serve tier: most copies outstanding at once (default: all)"
-    )
-    max_completion_tokens: NonNegativeInt | None = Field(
-        default=None, description="serve tier: chat's max_tokens spelling"
-    )
-    n: PositiveInt | None = Field(
-        default=None, description="serve tier: choices per request (each compared by index)"
-    )
-    temperature: NonNegativeFloat | None = Field(
-        default=None, description="serve tier: sampling temperature (0: greedy)"
-    )
-    top_p: PositiveFloat | None = Field(default=None, description="serve tier: nucleus mass")
-    top_k: int | None = Field(
-        default=None, description="serve tier: sample from the k best (-1 or 0: all)"
-    )
-    min_p: NonNegativeFloat | None = Field(
-        default=None, description="serve tier: drop tokens below min_p x the best probability"
-    )
-    seed: int | None = Field(default=None, description="serve tier: per-request sampling seed")
-    presence_penalty: float | None = Field(default=None, description="serve tier: sampling")
-    frequency_penalty: float | None = Field(default=None, description="serve tier: sampling")
-    repetition_penalty: PositiveFloat | None = Field(
-        default=None, description="serve tier: sampling (1: none)"
-    )
-    stop: str | list[str] | None = Field(
-        default=None, description="serve tier: stop strings (cut from the text)"
-    )
-    include_stop_str_in_output: bool | None = Field(
-        default=None, description="serve tier: keep the stop string in the text"
-    )
-    skip_special_tokens: bool | None = Field(
-        default=None, description="serve tier: leave special tokens out of the text"
-    )
-    logprobs: bool | NonNegativeInt | None = Field(
-        default=None, description="serve tier: completions: top-k count; chat: true/false"
-    )
-    top_logprobs: NonNegativeInt | None = Field(
-        default=None, description="serve tier: chat: alternatives per token"
-    )
-    echo: bool | None = Field(
-        default=None, description="serve tier: completions: prepend the prompt to the text"
-    )
-    return_token_ids: bool | None = Field(
-        default=None, description="serve tier: the server returns prompt and output token ids"
-    )
-    include_reasoning: bool | None = Field(
-        default=None, description="serve tier: chat: return the reasoning part"
-    )
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        default=None, description="serve tier: chat template variables, e.g. enable_thinking"
+    model: str | None = _serve("the body's model (default: the served name)")
+    stream: bool = _serve("stream server-sent events", default=False)
+    stream_options: dict[str, bool] | None = _serve("e.g. {include_usage: true}")
+    at_ms: NonNegativeFloat | None = _serve("send this many ms after the run starts")
+    repeat: PositiveInt = _serve("send this many copies (id#k), compared one by one", default=1)
+    concurrency: PositiveInt | None = _serve("most copies outstanding at once (default: all)")
+    max_completion_tokens: NonNegativeInt | None = _serve("chat's max_tokens spelling")
+    n: PositiveInt | None = _serve("choices per request (each compared by index)")
+    temperature: NonNegativeFloat | None = _serve("sampling temperature (0: greedy)")
+    top_p: PositiveFloat | None = _serve("nucleus mass")
+    top_k: int | None = _serve("sample from the k best (-1 or 0: all)")
+    min_p: NonNegativeFloat | None = _serve("drop tokens below min_p x the best probability")
+    seed: int | None = _serve("per-request sampling seed")
+    presence_penalty: float | None = _serve("sampling")
+    frequency_penalty: float | None = _serve("sampling")
+    repetition_penalty: PositiveFloat | None = _serve("sampling (1: none)")
+    stop: str | list[str] | None = _serve("stop strings (cut from the text)")
+    include_stop_str_in_output: bool | None = _serve("keep the stop string in the text")
+    skip_special_tokens: bool | None = _serve("leave special tokens out of the text")
+    logprobs: bool | NonNegativeInt | None = _serve("completions: top-k count; chat: true/false")
+    top_logprobs: NonNegativeInt | None = _serve("chat: alternatives per token")
+    echo: bool | None = _serve("completions: prepend the prompt to the text")
+    return_token_ids: bool | None = _serve("the server returns prompt and output token ids")
+    include_reasoning: bool | None = _serve("chat: return the reasoning part")
+    chat_template_kwargs: dict[str, Any] | None = _serve(
+        "chat template variables, e.g. enable_thinking"
     )
 
 
@@ -248,27 +214,19 @@ class LimitsSpec(_Strict):
         default=50, description="no progress for this many steps = wedged"
     )
     # serve tier
-    startup_timeout_s: PositiveFloat | None = Field(
-        default=None, description="serve tier: seconds a server may take to become healthy"
+    startup_timeout_s: PositiveFloat | None = _serve("seconds a server may take to become healthy")
+    request_timeout_s: PositiveFloat | None = _serve("seconds a request may take from its send")
+    stall_s: PositiveFloat | None = _serve("seconds without progress = a stall")
+    latency_tolerance_ms: PositiveFloat | None = _serve(
+        "compare time to first token and end within this many ms (unset: timing is not compared)"
     )
-    request_timeout_s: PositiveFloat | None = Field(
-        default=None, description="serve tier: seconds a request may take from its send"
+    logprob_tolerance: NonNegativeFloat = _serve(
+        "absolute tolerance on logprob values", default=1e-3
     )
-    stall_s: PositiveFloat | None = Field(
-        default=None, description="serve tier: seconds without progress = a stall"
-    )
-    latency_tolerance_ms: PositiveFloat | None = Field(
-        default=None,
-        description="serve tier: compare time to first token and end within this many ms "
-        "(unset: timing is not compared)",
-    )
-    logprob_tolerance: NonNegativeFloat = Field(
-        default=1e-3, description="serve tier: absolute tolerance on logprob values"
-    )
-    preemptions_tolerance: NonNegativeInt = Field(
-        default=0,
-        description="serve tier: allowed difference of the vllm:num_preemptions delta "
+    preemptions_tolerance: NonNegativeInt = _serve(
+        "allowed difference of the vllm:num_preemptions delta "
         "(arrival timing over HTTP may change how many preemptions a load causes)",
+        default=0,
     )
 
 
@@ -347,31 +305,22 @@ class ExpectSpec(_Strict):
         description="scheduler tier: step number (1-based) -> expected StepTrace fields",
     )
     # serve tier (parity.serve.expect): per target, independently of the diff
-    startup: Literal["started", "refused"] | None = Field(
-        default=None, description="serve tier: the startup outcome every target must show"
+    startup: Literal["started", "refused"] | None = _serve(
+        "the startup outcome every target must show"
     )
-    startup_numbers: dict[str, int] = Field(
-        default_factory=dict,
-        description="serve tier: numbers of the startup log, e.g. estimated_max_model_len",
+    startup_numbers: dict[str, int] = _serve(
+        "numbers of the startup log, e.g. estimated_max_model_len", default_factory=dict
     )
-    max_model_len: PositiveInt | None = Field(
-        default=None, description="serve tier: /v1/models max_model_len"
+    max_model_len: PositiveInt | None = _serve("/v1/models max_model_len")
+    status: dict[str, int] = _serve("HTTP status", default_factory=dict)
+    error_param: dict[str, str | None] = _serve(
+        "error.param of the error body", default_factory=dict
     )
-    status: dict[str, int] = Field(default_factory=dict, description="serve tier: HTTP status")
-    error_param: dict[str, str | None] = Field(
-        default_factory=dict, description="serve tier: error.param of the error body"
-    )
-    text: dict[str, str | None] = Field(
-        default_factory=dict, description="serve tier: completion text or chat content"
-    )
-    reasoning: dict[str, str | None] = Field(
-        default_factory=dict, description="serve tier: chat reasoning (null: none)"
-    )
-    num_choices: dict[str, NonNegativeInt] = Field(
-        default_factory=dict, description="serve tier: choices returned (n)"
-    )
-    min_preemptions: NonNegativeInt | None = Field(
-        default=None, description="serve tier: at least this many preemptions (metrics delta)"
+    text: dict[str, str | None] = _serve("completion text or chat content", default_factory=dict)
+    reasoning: dict[str, str | None] = _serve("chat reasoning (null: none)", default_factory=dict)
+    num_choices: dict[str, NonNegativeInt] = _serve("choices returned (n)", default_factory=dict)
+    min_preemptions: NonNegativeInt | None = _serve(
+        "at least this many preemptions (metrics delta)"
     )
 
 

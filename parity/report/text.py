@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,16 @@ def _finding_line(s: ScenarioReport, p: PairReport, f: FindingView) -> str:
     return line
 
 
+def _finding_lines(
+    found: Sequence[tuple[ScenarioReport, PairReport, FindingView]], limit: int, more: str = ""
+) -> list[str]:
+    """The first ``limit`` findings, one line each, and a line counting the rest."""
+    lines = [_finding_line(s, p, f) for s, p, f in found[:limit]]
+    if len(found) > limit:
+        lines.append(f"- … and {len(found) - limit} more{more}")
+    return lines
+
+
 def render_markdown(data: ReportData, *, limit: int = 50) -> str:
     """A PR comment: verdict, counts, pin, NEW and STALE lists, known divergences folded."""
     c = data.counts
@@ -93,9 +104,7 @@ def render_markdown(data: ReportData, *, limit: int = 50) -> str:
     new = data.findings("NEW")
     if new:
         lines += ["", f"### NEW ({len(new)})", ""]
-        lines += [_finding_line(s, p, f) for s, p, f in new[:limit]]
-        if len(new) > limit:
-            lines.append(f"- … and {len(new) - limit} more (see results.json)")
+        lines += _finding_lines(new, limit, more=" (see results.json)")
         lines.append("")
         lines.append(
             "Record a decision: `parity decide '<ref>' --diverge|--mirror|--bug --reason TEXT`"
@@ -135,9 +144,7 @@ def render_markdown(data: ReportData, *, limit: int = 50) -> str:
     known = data.findings("KNOWN")
     if known:
         lines += ["", f"<details><summary>{len(known)} KNOWN divergences</summary>", ""]
-        lines += [_finding_line(s, p, f) for s, p, f in known[:limit]]
-        if len(known) > limit:
-            lines.append(f"- … and {len(known) - limit} more")
+        lines += _finding_lines(known, limit)
         lines += ["", "</details>"]
     if not data.scenarios:
         lines += ["", "_No scenarios in this run._"]

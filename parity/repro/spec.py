@@ -42,12 +42,11 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     PrivateAttr,
-    ValidationError,
 )
 
-from parity._yaml import LineMap, Path, line_of, load_with_lines
-from parity.errors import Problem, ScenarioError, brief
-from parity.loader import dotted, schema_problems
+from parity._yaml import LineMap, Path, line_of
+from parity.errors import brief
+from parity.loader import located, raise_problems, read_source, validate_text
 from parity.scenario import ConfigSpec, LimitsSpec, RequestSpec, Scenario
 from parity.serve.observe import OUTCOMES
 
@@ -188,28 +187,13 @@ def repro_stem(path: str | FsPath) -> str:
 
 def load_repro(path: str | FsPath) -> Repro:
     """Load and validate one repro file; ``ScenarioError`` (``file:line: message``) if bad."""
-    file = str(path)
-    try:
-        text = FsPath(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError.at(file, None, f"cannot read: {exc}") from None
-    return parse_repro(text, file, stem=repro_stem(path))
+    return parse_repro(read_source(path), str(path), stem=repro_stem(path))
 
 
 def parse_repro(text: str, file: str, stem: str | None = None) -> Repro:
-    data, lines = load_with_lines(text, file)
-    if data is None:
-        raise ScenarioError.at(file, 1, "empty repro file")
-    try:
-        repro = Repro.model_validate(data)
-    except ValidationError as exc:
-        raise ScenarioError(schema_problems(exc, data, lines, file, root="repro")) from None
+    repro, lines = validate_text(Repro, text, file, "repro")
     repro._file, repro._lines = file, lines
-    problems = [
-        Problem(file, line_of(lines, p), f"{dotted(p)}: {m}") for p, m in _checks(repro, stem)
-    ]
-    if problems:
-        raise ScenarioError(sorted(problems, key=lambda p: p.line or 0))
+    raise_problems(located(file, lines, _checks(repro, stem)))
     return repro
 
 

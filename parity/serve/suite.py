@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from parity._judge import diff_and_check
 from parity.machine import load_now
 from parity.process import CANNOT_RUN
 from parity.results import (
@@ -339,12 +340,7 @@ def judge(scenario: Scenario, runs: Sequence[ServeRun], elapsed_s: float = 0.0) 
     Runs of targets that could not run the scenario (``ServeRun.unsupported``) are neither
     compared nor checked."""
     supported = [run for run in runs if run.unsupported is None]
-    divergences: list[Divergence] = []
-    for other in supported[1:]:
-        divergences.extend(diff_serve_runs(scenario, supported[0], other))
-    failures: list[ExpectFailure] = []
-    for run in supported:
-        failures.extend(check_serve_expect(scenario, run))
+    divergences, failures = diff_and_check(scenario, supported, diff_serve_runs, check_serve_expect)
     status, verdict = _verdict(scenario, runs, divergences, failures)
     return ScenarioResult(
         scenario_id=scenario.id,
@@ -354,8 +350,8 @@ def judge(scenario: Scenario, runs: Sequence[ServeRun], elapsed_s: float = 0.0) 
         status=status,
         verdict=verdict,
         runs=tuple(runs),
-        divergences=tuple(divergences),
-        expect_failures=tuple(failures),
+        divergences=divergences,
+        expect_failures=failures,
         elapsed_s=elapsed_s,
     )
 
