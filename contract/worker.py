@@ -8,7 +8,8 @@ at the first ``start``, so ``hello`` answers at once even when the backend's imp
 (``import vllm`` takes ~16 s).
 
 Workers: ``engine/core/scheduler_worker.py`` (our engine) and ``oracle/scheduler_worker.py``
-(upstream's ``Scheduler``), each an in-process scheduler-tier target behind ``TierBackend``. Standard library only. Upstream: none.
+(upstream's ``Scheduler``), each an in-process scheduler-tier target behind ``TierBackend``.
+Standard library only. Upstream: none.
 """
 
 from __future__ import annotations

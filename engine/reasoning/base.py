@@ -26,7 +26,8 @@ class ReasoningParserTokenizerError(RuntimeError):
 
 
 class _DeltaField:
-    """One ``DeltaMessage`` field: ``None`` until set; setting it (even to ``None``) marks it set."""
+    """One ``DeltaMessage`` field: ``None`` until set; setting it (even to ``None``) marks it
+    set."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -175,7 +176,8 @@ class ThinkingReasoningParser:
         self, delta_text: str, previous_token_ids: Sequence[int], delta_token_ids: Sequence[int]
     ) -> DeltaMessage:
         """A delta when no start marker was generated (before or in it): content
-        (basic_parsers.py:149-151). Subclasses whose models may omit the start marker override it."""
+        (basic_parsers.py:149-151). Subclasses whose models may omit the start marker override
+        it."""
         return DeltaMessage(content=delta_text)
 
     def _split_at_end(self, delta_text: str, end_index: int) -> DeltaMessage:
