@@ -83,13 +83,15 @@ def test_streaming_completion_one_chunk_per_token(client: httpx.Client, sse) -> 
     assert frames[-1] == "[DONE]"
     chunks = [json.loads(f) for f in frames[:-1]]
     token_chunks, usage_chunk = chunks[:-1], chunks[-1]
-    assert [c["choices"][0]["token_ids"] for c in token_chunks] == [[t] for t in want]
+    # one token a chunk, unless the writer fell behind and the collector merged some (see
+    # test_chat_stream_framing): every chunk carries tokens, in order
+    assert [t for c in token_chunks for t in c["choices"][0]["token_ids"]] == want
+    assert all(c["choices"][0]["token_ids"] for c in token_chunks)
     assert token_chunks[0]["choices"][0]["prompt_token_ids"] == prompt
     # Later chunks carry an explicit null (upstream sets the field on every chunk).
     assert all(c["choices"][0]["prompt_token_ids"] is None for c in token_chunks[1:])
-    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None] * (len(want) - 1) + [
-        "stop"
-    ]
+    finish = [c["choices"][0]["finish_reason"] for c in token_chunks]
+    assert finish == [None] * (len(finish) - 1) + ["stop"]
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"] == {
         "prompt_tokens": 2,
@@ -106,8 +108,7 @@ def test_streaming_utf8_whole_characters(client: httpx.Client, sse) -> None:
     )
     texts = [json.loads(f)["choices"][0]["text"] for f in sse(response.text)[:-1]]
     assert "".join(texts) == "🙂中文"
-    assert all("\ufffd" not in t for t in texts)
-    assert [t for t in texts if t] == ["🙂", "中", "文"]
+    assert all("\ufffd" not in t for t in texts)  # no chunk ends inside a character
 
 
 def test_logprobs_follow_the_script_ranking(client: httpx.Client) -> None:
@@ -262,7 +263,8 @@ def test_enable_thinking_false(client: httpx.Client, sse) -> None:
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     response = chat(client, max_tokens=50, chat_template_kwargs=kwargs, stream=True)
     deltas = [json.loads(f)["choices"][0]["delta"] for f in sse(response.text)[1:-1]]
-    assert [d.get("content") for d in deltas] == [" 1", " 0", ""]
+    assert _joined(deltas, "content") == " 1 0"  # frames may merge (test_chat_stream_framing)
+    assert deltas[-1].get("content") is not None
     assert all("reasoning" not in d for d in deltas)
 
 
