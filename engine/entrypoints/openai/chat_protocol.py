@@ -5,8 +5,9 @@ request fields and defaults (:220-539; ``max_tokens`` and ``max_completion_token
 ``None``; the field groups shared with completions: ``request_fields.py``), the
 ``mode="before"`` validators in upstream's definition order with their messages and params
 (:541-1100; the checks shared with completions: ``request_checks.py``), and the response models
-(:69-188). Messages are the OpenAI SDK's typed dicts plus vLLM's custom-role message (``vllm/renderers/chat_utils.py:361-397``), so malformed
-messages fail with the same pydantic locations.
+(:69-188). Messages are the OpenAI SDK's typed dicts plus vLLM's custom-role message
+(``vllm/renderers/chat_utils.py:361-397``), so malformed messages fail with the same pydantic
+locations.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_default_max_tokens_is_16(client: httpx.Client) -> None:
     assert body["usage"]["completion_tokens"] == 16
 
 
-def test_streaming_completion_one_chunk_per_token(client: httpx.Client, sse) -> None:
+def test_streaming_completion_chunks_carry_the_tokens_in_order(client: httpx.Client, sse) -> None:
     prompt = [vocab.BOS, vocab.answer_selector(4)]
     want = expected(prompt, 10)
     response = client.post(
@@ -227,15 +227,11 @@ def test_chat_stream_framing(client: httpx.Client, sse) -> None:
     # One frame per token on a quiet machine; a consumer that falls behind gets adjacent
     # outputs merged into one frame (the DELTA collector in output_processor.py, as upstream),
     # so the frames must be a coarsening of the per-token ones, in order.
-    per_token = [{"reasoning": t} for t in (" x", " y", " z")] + [
-        {"content": " 1"},
-        {"content": " 0"},
-    ]
-    assert _joined(deltas, "reasoning") == _joined(per_token, "reasoning") == " x y z"
-    assert _joined(deltas, "content") == _joined(per_token, "content") == " 1 0"
+    assert _joined(deltas, "reasoning") == " x y z"
+    assert _joined(deltas, "content") == " 1 0"
     kinds = [key for d in deltas for key in d if d[key]]
     assert kinds == sorted(kinds, key=["reasoning", "content"].index)
-    assert 1 <= len(deltas) <= len(per_token) + 1
+    assert 1 <= len(deltas) <= 6  # five tokens and the finish frame, at most
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {
