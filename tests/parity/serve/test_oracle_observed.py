@@ -51,8 +51,10 @@ def test_streaming_completion_observed_in_full(oracle_run: ServeRun) -> None:
     assert obs.result.finish_reason == ("stop" if want[-1] == vocab.EOS else "length")
     assert obs.result.usage["completion_tokens"] == len(want)
     assert obs.result.text and obs.done and obs.frames[-1].done
-    # one frame per token, then the usage frame (choices: []), then [DONE]
-    assert obs.result.num_token_frames == len(want)
+    # token frames, then the usage frame (choices: []), then [DONE]. One frame per token
+    # when the client keeps up; upstream's output collector merges the deltas a slow consumer
+    # has not read yet (a busy machine), so the frames may be fewer, never more.
+    assert 1 <= obs.result.num_token_frames <= len(want)
     assert obs.frames[-2].payload()["choices"] == []
     assert obs.num_bytes == sum(len(f.raw.encode()) + 2 for f in obs.frames)
     times = [obs.t_headers_ms, obs.t_first_byte_ms, obs.t_first_token_ms, obs.t_last_byte_ms]
