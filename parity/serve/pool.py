@@ -11,11 +11,10 @@ died since (``crashed``) is replaced by a fresh one on the next ``get``, so a ru
 the next scenario. ``close`` stops every server (SIGTERM, grace, SIGKILL of the whole process
 group through ``parity.process.ManagedProcess``) and keeps each ``StopRecord``.
 
-Startup outcomes: ``started``; ``startup_refused`` (the process exited before ``/health``
-answered: the key line of its log, e.g. upstream's ``ValueError: To serve at least one request
-with the model's max seq len (2048) ... the estimated maximum model length is 48``, from
-``vllm/v1/core/kv_cache_utils.py:1003-1041`` at the pin); ``startup_timeout`` (still not
-healthy after ``startup_timeout_s``: stopped, never waited on without a bound).
+How a server starts and the startup outcomes: ``parity.serve.launch``. With a server broker
+(``PARITY_SERVER_BROKER``, ``parity.serve.broker``), a target that declares ``share`` is leased
+from the broker instead of started, unless the run asks for a fresh server; ``stop`` and
+``close`` give a leased server back instead of stopping it (docs/server-broker.md).
 """
 
 from __future__ import annotations
@@ -23,48 +22,43 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
-from parity._codec import JsonMixin
-from parity.machine import LoadSample, load_now
-from parity.process import (
-    ManagedProcess,
-    StartupError,
-    StopRecord,
-    forget_at_exit,
-    free_port,
-    remove_at_exit,
+from parity.process import ManagedProcess, StopRecord, forget_at_exit, remove_at_exit
+from parity.serve.launch import (
+    GROUP_EXIT_WAIT_S,
+    LOG_TAIL_BYTES,
+    STARTUP_OUTCOMES,
+    StartRecipe,
+    StartupRecord,
+    group_members,
+    launch,
+    listens_in_group,
+    recipe,
+    wait_group_gone,
 )
+from parity.serve.lease import BrokerClient, BrokerError, LeasedProcess, broker_from_env
 from parity.serve.spec import DEFAULT_STARTUP_TIMEOUT_S, ServerConfig
-from parity.serve.targets import (
-    ADDRESS_IN_USE,
-    HOST,
-    TargetSpec,
-    harness_args_taken,
-    parse_target,
-    server_argv,
-    server_cwd,
-    server_env,
-    startup_error_line,
-    startup_numbers,
-)
+from parity.serve.targets import HOST, TargetSpec, parse_target, server_argv, share_env
 
-STARTUP_OUTCOMES = ("started", "startup_refused", "startup_timeout")
-PORT_ATTEMPTS = 3
-LOG_TAIL_BYTES = 8000
-GROUP_EXIT_WAIT_S = 10.0
-PORT_TAKEN = "answered /health from another process group"
+__all__ = [
+    "STARTUP_OUTCOMES",
+    "ServerHandle",
+    "ServerPool",
+    "StartupRecord",
+    "group_members",
+    "listens_in_group",
+    "wait_group_gone",
+]
+
 PENDING_SLACK_S = 30.0  # beyond a start's own bound: its probe and bookkeeping
+FROM_ENV = object()  # ServerPool(broker=FROM_ENV): the broker the environment names, if any
 
 
 def _result(future: Future[ServerHandle], timeout: float) -> ServerHandle:
@@ -75,35 +69,6 @@ def _result(future: Future[ServerHandle], timeout: float) -> ServerHandle:
         raise TimeoutError(f"a server start did not end within {timeout:g} s") from None
 
 
-@dataclass(frozen=True, slots=True)
-class StartupRecord(JsonMixin):
-    """How a server's startup ended."""
-
-    target: str  # the target's label
-    outcome: str  # one of STARTUP_OUTCOMES
-    error: str | None = None  # the key line of the log (refused / timeout)
-    numbers: dict[str, int] = field(default_factory=dict)  # e.g. estimated_max_model_len
-    startup_s: float = 0.0
-    returncode: int | None = None
-    argv: tuple[str, ...] = ()
-    port: int | None = None
-    attempts: int = 1
-    log_tail: str = ""
-    # the harness's own keys this target was given (served_model_name, dtype, ...): a fact
-    # the other target was not asked to match is not compared (parity.serve.differ)
-    took: tuple[str, ...] = ()
-    load: LoadSample | None = None  # the machine's load when the start ended
-
-    @property
-    def started(self) -> bool:
-        return self.outcome == "started"
-
-    def describe(self) -> str:
-        if self.started:
-            return f"{self.target}: started in {self.startup_s:.1f} s on port {self.port}"
-        return f"{self.target}: {self.outcome}: {self.error}"
-
-
 class ServerHandle:
     """One server of the pool: its startup record, URL, process and (once stopped) stop record."""
 
@@ -112,7 +77,7 @@ class ServerHandle:
         target: TargetSpec,
         config: ServerConfig,
         startup: StartupRecord,
-        process: ManagedProcess | None,
+        process: ManagedProcess | LeasedProcess | None,
     ) -> None:
         self.target = target
         self.config = config
@@ -140,6 +105,11 @@ class ServerHandle:
     def log_path(self) -> Path | None:
         return None if self.process is None else self.process.log_path
 
+    @property
+    def leased(self) -> bool:
+        """Lent by a server broker: ``stop`` gives it back instead of stopping it."""
+        return isinstance(self.process, LeasedProcess)
+
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
 
@@ -159,8 +129,13 @@ class ServerHandle:
         ``ManagedProcess.stop``), SIGKILL; idempotent. None if never spawned.
 
         Also waits (bounded) until every member of the group is gone: a killed worker holding
-        gigabytes can take a moment to exit after its leader has been reaped."""
+        gigabytes can take a moment to exit after its leader has been reaped.
+
+        A leased server is given back to its broker (None: this run did not stop it)."""
         if self.process is None:
+            return None
+        if isinstance(self.process, LeasedProcess):
+            self.process.release()
             return None
         if self.stop_record is None:
             self.stop_record = self.process.stop(
@@ -174,7 +149,16 @@ class ServerHandle:
 class ServerPool:
     """Servers of one run, keyed by (target, argv without the port)."""
 
-    def __init__(self, log_dir: str | Path | None = None, *, grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        log_dir: str | Path | None = None,
+        *,
+        grace_s: float = 10.0,
+        broker: BrokerClient | None | object = FROM_ENV,
+    ) -> None:
+        self.broker: BrokerClient | None = (
+            broker_from_env() if broker is FROM_ENV else broker  # type: ignore[assignment]
+        )
         self._own_dir = log_dir is None
         self.log_dir = Path(
             tempfile.mkdtemp(prefix="parity-serve-") if log_dir is None else log_dir
@@ -212,9 +196,12 @@ class ServerPool:
         *,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         fresh: bool = False,
+        share: bool = True,
     ) -> ServerHandle:
         """The server for (target, config): started now, or the one started earlier
-        (``fresh``: a new one in any case, the earlier one stopped and kept in ``retired``)."""
+        (``fresh``: a new one in any case, the earlier one stopped and kept in ``retired``).
+        With a broker, a target that declares ``share`` is leased unless ``fresh`` or not
+        ``share`` (a run whose results a used server could change)."""
         if self.closed:
             raise RuntimeError("ServerPool is closed")
         spec = parse_target(target) if isinstance(target, str) else target
@@ -237,7 +224,7 @@ class ServerPool:
             if handle is not None:  # it died since it started (or must be fresh): a new one
                 handle.stop(grace_s=0.5 if not fresh else self.grace_s)
                 self.retired.append(handle)
-            new = self._start_probed(spec, config, timeout)
+            new = self._start_probed(spec, config, timeout, share and not fresh)
         finally:
             with self._lock:
                 self._claimed.discard(key)
@@ -251,13 +238,21 @@ class ServerPool:
         config: ServerConfig,
         *,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        share: bool = True,
     ) -> None:
         """Start (target, config) in the background so a later ``get`` finds it ready; a
         no-op when that server was started before (up, refused or stopped since: replacing
         one is ``get``'s job) or is starting (never two copies of a config).
-        At most ``max_parallel_starts`` starts run at once."""
+        At most ``max_parallel_starts`` starts run at once. A server a broker would lend is
+        asked of the broker instead (it starts one unless it has one)."""
         key = self.key(target, config)
         timeout = target.serve.startup_timeout_s or startup_timeout_s
+        if share and self.broker is not None and target.serve.share is not None:
+            try:
+                self.broker.warm(shared_recipe(target, config, timeout))
+            except BrokerError:
+                pass  # no broker after all: get starts it
+            return
         with self._lock:
             if self.closed or key in self._pending or key in self._claimed or key in self._handles:
                 return
@@ -265,15 +260,19 @@ class ServerPool:
                 self._executor = ThreadPoolExecutor(
                     max_workers=self.max_parallel_starts, thread_name_prefix="parity-prestart"
                 )
-            self._pending[key] = self._executor.submit(self._start_probed, target, config, timeout)
+            self._pending[key] = self._executor.submit(
+                self._start_probed, target, config, timeout, False
+            )
 
     def starting(self) -> int:
         """How many servers are being started ahead of need."""
         with self._lock:
             return sum(not f.done() for f in self._pending.values())
 
-    def _start_probed(self, spec: TargetSpec, config: ServerConfig, timeout: float) -> ServerHandle:
-        handle = self._start(spec, config, timeout)
+    def _start_probed(
+        self, spec: TargetSpec, config: ServerConfig, timeout: float, share: bool
+    ) -> ServerHandle:
+        handle = self._start(spec, config, timeout, share)
         if handle.startup.started:
             from parity.serve.probe import capabilities
 
@@ -326,130 +325,39 @@ class ServerPool:
             forget_at_exit(self.log_dir)
         return records
 
-    def _start(self, spec: TargetSpec, config: ServerConfig, timeout_s: float) -> ServerHandle:
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            handle = self._start_once(spec, config, timeout_s, attempt)
-            in_use = any(m in handle.startup.log_tail for m in ADDRESS_IN_USE)
-            in_use = in_use or PORT_TAKEN in (handle.startup.error or "")
-            if handle.startup.outcome != "startup_refused" or not in_use:
-                return handle
+    def _start(
+        self, spec: TargetSpec, config: ServerConfig, timeout_s: float, share: bool
+    ) -> ServerHandle:
+        """A server for (spec, config): leased from the broker when ``share`` allows it and
+        the target declares ``share``, else started here (a start that failed is stopped, its
+        record and log kept)."""
+        start = recipe(spec, config, timeout_s)
+        if share and self.broker is not None and spec.serve.share is not None:
+            try:
+                record, leased = self.broker.lease(shared_recipe(spec, config, timeout_s))
+                return ServerHandle(spec, config, record, leased)
+            except BrokerError:
+                pass  # the broker is gone: start our own, as without one
+        record, process = launch(start, lambda: self._next_log(start), grace_s=self.grace_s)
+        handle = ServerHandle(spec, config, record, process)
+        if not record.started:
+            handle.stop()  # already stopped: records it and waits for the group to be gone
         return handle
 
-    def _start_once(
-        self, spec: TargetSpec, config: ServerConfig, timeout_s: float, attempt: int
-    ) -> ServerHandle:
-        port = free_port()
-        argv = server_argv(spec, config, port)
+    def _next_log(self, start: StartRecipe) -> Path:
         with self._lock:
             self._count += 1
-            count = self._count
-        log = self.log_dir / f"{count:02d}-{_slug(spec.label)}.log"
-        began = time.monotonic()
-        record = dict(
-            target=spec.label,
-            argv=tuple(argv),
-            port=port,
-            attempts=attempt,
-            took=harness_args_taken(spec, config),
-            load=load_now(),
-        )
-        try:
-            process = ManagedProcess(
-                argv, log_path=log, env=server_env(spec), cwd=server_cwd(spec, config)
-            )
-        except StartupError as exc:  # the command could not be run at all
-            startup = StartupRecord(
-                outcome="startup_refused", error=str(exc),
-                startup_s=round(time.monotonic() - began, 3), **record,  # type: ignore[arg-type]
-            )  # fmt: skip
-            return ServerHandle(spec, config, startup, None)
-        try:
-            elapsed = process.wait_healthy(f"http://{HOST}:{port}{spec.serve.health}", timeout_s)
-        except StartupError as exc:
-            timed_out = exc.returncode is None and process.alive()
-            process.stop(grace_s=min(self.grace_s, 5.0))
-            tail = process.log_tail(LOG_TAIL_BYTES)
-            full = _read(log)
-            startup = StartupRecord(
-                outcome="startup_timeout" if timed_out else "startup_refused",
-                error=str(exc) if timed_out else (startup_error_line(full) or str(exc)),
-                numbers=startup_numbers(full),
-                startup_s=round(time.monotonic() - began, 3),
-                returncode=process.proc.returncode,
-                log_tail=tail,
-                **record,  # type: ignore[arg-type]
-            )
-            handle = ServerHandle(spec, config, startup, process)
-            handle.stop()  # already stopped: records it and waits for the group to be gone
-            return handle
-        if spec.serve.port_in_group and not listens_in_group(process.pid, port):
-            # free_port() raced with another pool: /health was answered by someone else's
-            # server on this port. Ours never bound it; stop it and let _start retry.
-            process.stop(grace_s=min(self.grace_s, 5.0))
-            startup = StartupRecord(
-                outcome="startup_refused",
-                error=f"port {port} {PORT_TAKEN}",
-                startup_s=round(time.monotonic() - began, 3),
-                returncode=process.proc.returncode,
-                log_tail=process.log_tail(LOG_TAIL_BYTES),
-                **record,  # type: ignore[arg-type]
-            )
-            handle = ServerHandle(spec, config, startup, process)
-            handle.stop()
-            return handle
-        startup = StartupRecord(
-            outcome="started",
-            numbers=startup_numbers(_read(log)),
-            startup_s=round(elapsed, 3),
-            **record,  # type: ignore[arg-type]
-        )
-        return ServerHandle(spec, config, startup, process)
+            return self.log_dir / f"{self._count:02d}-{_slug(start.label)}.log"
 
 
-def listens_in_group(pgid: int, port: int) -> bool:
-    """A live member of process group ``pgid`` listens on TCP ``port``."""
-    for pid in group_members(pgid):
-        try:
-            connections = psutil.Process(pid).net_connections(kind="tcp")
-        except psutil.Error:
-            continue
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections):
-            return True
-    return False
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in process group ``pgid``."""
-    members: list[int] = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
-                members.append(proc.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def wait_group_gone(pgid: int, timeout_s: float) -> tuple[int, ...]:
-    """SIGKILL what is left of the group and wait until it is gone; return any survivors."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        members = group_members(pgid)
-        if not members or time.monotonic() >= deadline:
-            return tuple(members)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        time.sleep(0.05)
+def shared_recipe(spec: TargetSpec, config: ServerConfig, timeout_s: float) -> StartRecipe:
+    """The recipe a broker starts (spec, config) by: the target's ``share`` environment
+    added, its reset paths named (``parity.targets.defs.ShareDef``)."""
+    start = recipe(spec, config, timeout_s)
+    if spec.serve.share is None:
+        return start
+    return replace(start, env={**start.env, **share_env(spec)}, reset=spec.serve.share.reset)
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:60].strip("_") or "server"
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""

@@ -257,7 +257,7 @@ def unsupported_reason(target: TargetSpec, config: ServerConfig) -> str | None:
 
 
 def placeholders(
-    target: TargetSpec, config: ServerConfig | None = None, port: int = 0
+    target: TargetSpec, config: ServerConfig | None = None, port: int | str = 0
 ) -> dict[str, str]:
     """The values of every placeholder a target's command, env and folder may use (the model
     ones only with a ``config``)."""
@@ -272,8 +272,9 @@ def placeholders(
     return values
 
 
-def server_argv(target: TargetSpec, config: ServerConfig, port: int) -> list[str]:
-    """The argv that starts ``target`` with ``config`` on ``port`` (127.0.0.1)."""
+def server_argv(target: TargetSpec, config: ServerConfig, port: int | str) -> list[str]:
+    """The argv that starts ``target`` with ``config`` on ``port`` (127.0.0.1; a string is put
+    in the port's place as it is)."""
     flags, _ = config_flags(target, config)
     flags += list(target.extra_flags)
     values = placeholders(target, config, port)
@@ -290,11 +291,28 @@ def server_argv(target: TargetSpec, config: ServerConfig, port: int) -> list[str
 
 def server_env(target: TargetSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a target's server runs with: ``base`` (default: ours) plus its own."""
+    base = dict(os.environ if base is None else base)
+    return base | declared_env(target, base)
+
+
+def declared_env(target: TargetSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The target's own environment variables, expanded in order (``{env:NAME}`` from ``base``,
+    default ours, and the variables expanded before it)."""
     env = dict(os.environ if base is None else base)
     values = placeholders(target)
+    own: dict[str, str] = {}
     for name, value in target.serve.env.items():
-        env[name] = _expand(value, values, target, env).strip(os.pathsep)
-    return env
+        own[name] = env[name] = _expand(value, values, target, env).strip(os.pathsep)
+    return own
+
+
+def share_env(target: TargetSpec) -> dict[str, str]:
+    """The environment a broker's server of ``target`` gets besides its own (``share.env``,
+    expanded like ``env``)."""
+    if target.serve.share is None:
+        return {}
+    values = placeholders(target)
+    return {k: _expand(v, values, target) for k, v in target.serve.share.env.items()}
 
 
 FILE_TARGET_FLAGS = frozenset({"--divergence"})  # engine-only, selects a reproduced bug

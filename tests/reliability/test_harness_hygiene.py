@@ -28,6 +28,7 @@ import httpx
 import psutil
 import pytest
 
+import parity.serve.launch as launch_module
 import parity.serve.pool as pool_module
 from parity.serve import ServerConfig, ServerHandle, ServerPool
 from parity.serve.pool import group_members
@@ -290,7 +291,7 @@ def _complete(handle: ServerHandle) -> list[int]:
 
 
 def _close_and_check(pools: list[ServerPool]) -> None:
-    groups = [h.process.pid for p in pools for h in p.handles if h.process is not None]
+    groups = [h.process.pid for p in pools for h in p.handles if h.process and not h.leased]
     for pool in pools:
         pool.close()
     left = [pid for group in groups for pid in group_members(group)]
@@ -343,8 +344,10 @@ def test_a_port_taken_by_another_pool_is_not_mistaken_for_ours(
         handle_a = first.get("engine", _config(scripted_model_dir, 0), startup_timeout_s=240)
         assert handle_a.startup.started, handle_a.startup.describe()
         ports = iter([handle_a.startup.port])
-        real_free_port = pool_module.free_port
-        monkeypatch.setattr(pool_module, "free_port", lambda: next(ports, None) or real_free_port())
+        real_free_port = launch_module.free_port
+        monkeypatch.setattr(
+            launch_module, "free_port", lambda: next(ports, None) or real_free_port()
+        )
         handle_b = second.get("engine", _config(scripted_model_dir, 1), startup_timeout_s=240)
         assert handle_b.startup.started, handle_b.startup.describe()
         assert handle_b.startup.port != handle_a.startup.port
