@@ -17,6 +17,7 @@ input, 3 a target failed to start when it should have).
     parity pins [install VERSION|all | prune [VERSION ...] | check [VERSION ...]]
     parity bisect PATHS --pins A..B|A,B,... [--tier scheduler|serve|both] [--fresh]
     parity drift --from A --to B [PATHS] [--tier scheduler|serve|both] [--fresh]
+    parity broker --socket PATH [--max-idle N] [--wait-s S]
 
 Every ``parity run`` classifies its divergences against the decision ledger
 (``scenarios/ledger.yaml``: PASS / KNOWN / NEW / STALE) and writes ``reports/last-run.json``.
@@ -496,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     from parity.bisect_cli import add_bisect_commands
 
     add_bisect_commands(sub)
+    from parity.serve.broker import add_broker_commands
+
+    add_broker_commands(sub)
     return parser
 
 

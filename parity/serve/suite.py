@@ -105,20 +105,43 @@ def run_plan(
     *,
     startup_timeout_s: float | None = None,
     fresh: bool = False,
+    share: bool | None = None,
 ) -> ServeRun:
     """Run one plan on one target (its server from ``pool``), or the placeholder run that says
     why the target cannot run it: a config key it cannot take (before anything starts), or a
-    vLLM extension the scenario needs that the started server does not accept."""
+    vLLM extension the scenario needs that the started server does not accept. ``share``:
+    whether a broker's server may run it (default: ``may_share(plan)``; a group of plans on one
+    server passes what holds for all of them)."""
     reason = unsupported_reason(target, plan.config)
     if reason is not None:
         return ServeRun.not_supported(target.label, reason, plan.limits)
     timeout = startup_timeout_s or plan.limits.startup_timeout_s
-    handle = pool.get(target, plan.config, startup_timeout_s=timeout, fresh=fresh)
+    handle = pool.get(
+        target, plan.config, startup_timeout_s=timeout, fresh=fresh,
+        share=may_share(plan) if share is None else share,
+    )  # fmt: skip
     if handle.startup.started:
         reason = missing(plan.requests, plan.scenario.expect, handle.capabilities)
         if reason is not None:
             return ServeRun.not_supported(target.label, reason, plan.limits)
     return run_serve(handle, plan.requests, plan.limits)
+
+
+SCRIPTED = "scripted"  # the built scripted model's name in a models folder (parity.models)
+
+
+def may_share(plan: ServePlan) -> bool:
+    """A server a broker lends (``parity.serve.broker``: earlier runs used it, its prefix cache
+    emptied since) gives this plan what a new server would: the model is the scripted one
+    (greedy in effect at any temperature it allows: docs/scripted-model.md), or every request is
+    greedy or seeded. A request that samples without a seed draws from the server's own
+    generator, which earlier runs have moved on."""
+    if plan.config.model_dir.name == SCRIPTED:
+        return True
+    return all(
+        request.body.get("temperature") == 0 or request.body.get("seed") is not None
+        for request in plan.requests
+    )
 
 
 def not_run_reason(specs: Sequence[TargetSpec], spec: TargetSpec, plan: ServePlan) -> str | None:
@@ -225,7 +248,8 @@ class ServeSession:
             if not room_for_a_server():
                 return
             timeout = max(plan.limits.startup_timeout_s for plan in group)
-            self.pool.prestart(spec, group[0].config, startup_timeout_s=timeout)
+            share = all(may_share(plan) for plan in group)
+            self.pool.prestart(spec, group[0].config, startup_timeout_s=timeout, share=share)
 
 
 SERVER_MEMORY_BYTES = 4 * 1024**3  # an oracle server holds ~3 GiB across its processes
@@ -253,6 +277,7 @@ def _run_group(
     runs: dict[str, list[ServeRun]] = {p.scenario.id: [] for p in group}
     elapsed: dict[str, float] = {p.scenario.id: 0.0 for p in group}
     timeout = max(plan.limits.startup_timeout_s for plan in group)
+    share = all(may_share(plan) for plan in group)
     for spec in specs:
         started = False
         for plan in group:
@@ -265,7 +290,9 @@ def _run_group(
                 run = ServeRun.not_supported(spec.label, reason, plan.limits)
             else:
                 fresh = rerun and not started
-                run = run_plan(pool, spec, plan, startup_timeout_s=timeout, fresh=fresh)
+                run = run_plan(
+                    pool, spec, plan, startup_timeout_s=timeout, fresh=fresh, share=share
+                )
             if not started and after_start is not None:
                 after_start(spec, group)
             started = started or run.unsupported is None

@@ -51,13 +51,25 @@ _TARGET_KEYS = frozenset(
     | {"cwd", "flags", "capabilities", "serve", "scheduler", "in_process"}
 )
 _SERVE_KEYS = frozenset(
-    {"command", "health", "startup_timeout_s", "env", "cwd", "flags", "capabilities"}
+    {"command", "health", "startup_timeout_s", "env", "cwd", "flags", "capabilities", "share"}
 )
+_SHARE_KEYS = frozenset({"env", "reset"})
 _SCHEDULER_KEYS = frozenset({"command", "in_process", "env", "cwd", "startup_timeout_s"})
 
 Spelling = tuple[str, ...] | Literal[False] | Mapping[str, tuple[str, ...]]
 Capability = bool | Literal["auto"]
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ShareDef:
+    """How a server broker may lend one server of this target to run after run
+    (``parity.serve.broker``): extra environment for the servers it starts, and the POST paths
+    that put a server back in a fresh server's state between runs (each must answer 200, and
+    ``{"success": false}`` fails it)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    reset: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class ServeDef:
     vllm_flags: bool = False
     capabilities: Mapping[str, Capability] = field(default_factory=dict)
     port_in_group: bool = True  # its process group listens on {port} (external: may not)
+    share: ShareDef | None = None  # None: a broker never lends its servers to another run
 
     def capability(self, name: str) -> Capability:
         """Declared value, else true for a vLLM-flag target's extensions, else "auto"."""
@@ -221,7 +234,23 @@ def _serve(
         flags=_flags(table.get("flags", {}), problems, where),
         vllm_flags=vllm_flags,
         capabilities=capabilities,
+        share=_share(table["share"], problems, (*where, "share")) if "share" in table else None,
     )
+
+
+def _share(value: Any, problems: _Problems, where: tuple[Any, ...]) -> ShareDef | None:
+    if not isinstance(value, Mapping):
+        problems.add(where, 'a table: { env = { NAME = "value" }, reset = ["/path"] }')
+        return None
+    for key in sorted(set(value) - _SHARE_KEYS):
+        problems.add((*where, key), f"unknown key (known: {', '.join(sorted(_SHARE_KEYS))})")
+    reset = value.get("reset", [])
+    if not isinstance(reset, list) or not all(
+        isinstance(p, str) and p.startswith("/") for p in reset
+    ):
+        problems.add((*where, "reset"), "a list of paths starting with /")
+        reset = []
+    return ShareDef(env=_env(value.get("env", {}), problems, (*where, "env")), reset=tuple(reset))
 
 
 def _scheduler(

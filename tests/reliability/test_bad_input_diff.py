@@ -264,7 +264,7 @@ def servers(
     try:
         yield {t: _start(pool, t, scripted_model_dir) for t in ("engine", "oracle")}
     finally:
-        groups = [h.process.pid for h in pool.handles if h.process is not None]
+        groups = [h.process.pid for h in pool.handles if h.process and not h.leased]
         pool.close()
         left = [pid for group in groups for pid in group_members(group)]
         assert not left, f"server processes left running: {left}"

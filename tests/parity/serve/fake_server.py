@@ -28,7 +28,9 @@ creates it), so a rerun on a fresh server exits (a one-off slow moment).
 ``--strict`` makes it an OpenAI-only server, like servers that are not vLLM: a request body
 with a key outside the OpenAI API gets 422 (``STANDARD_FIELDS``), answers carry no token ids,
 and there is no ``/metrics``. ``GET /argv`` returns the command-line words it was started with
-(tests check how a target spelled its flags). Every request's method and path is logged to
+(tests check how a target spelled its flags). ``POST /reset_prefix_cache`` answers like vLLM's
+dev route: ``{"success": false}`` while a request is open, else true (and
+``fake:prefix_cache_resets_total`` counts it). Every request's method and path is logged to
 stderr (tests check which endpoints the harness polled).
 """
 
@@ -40,7 +42,7 @@ import json
 import signal
 import sys
 
-COUNTERS = {"generation": 0, "waiting": 0, "running": 0}
+COUNTERS = {"generation": 0, "waiting": 0, "running": 0, "resets": 0}
 WEDGED_MODES = ("hang", "headers-hang", "stall")
 FLAGS: dict[str, str] = {}
 ARGV: list[str] = []
@@ -139,6 +141,7 @@ def _metrics() -> str:
         f'vllm:num_requests_running{{engine="0",model_name="fake"}} {COUNTERS["running"]}.0',
         "# TYPE vllm:num_requests_waiting gauge",
         f'vllm:num_requests_waiting{{engine="0",model_name="fake"}} {COUNTERS["waiting"]}.0',
+        f"fake:prefix_cache_resets_total {COUNTERS['resets']}.0",
     ]
     return "\n".join(lines) + "\n"
 
@@ -165,6 +168,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 {"loc": ["body", key], "msg": "Extra inputs are not permitted"} for key in extra
             ]
             await _send_json(writer, 422, {"detail": detail})
+        elif method == "POST" and path == "/reset_prefix_cache":  # as vLLM's dev route
+            idle = COUNTERS["running"] == 0 and COUNTERS["waiting"] == 0
+            COUNTERS["resets"] += idle
+            await _send_json(writer, 200, {"success": idle})
         elif path == "/metrics":
             data = _metrics().encode()
             writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
