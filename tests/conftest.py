@@ -14,6 +14,11 @@ failure the soak finds becomes an explicit ``@example`` on its test, so CI keeps
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +50,10 @@ _register_profiles()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Load the profile before any test module builds its ``settings`` (they inherit from it)."""
+    """Load the profile before any test module builds its ``settings`` (they inherit from it);
+    in the controlling process, start the session's server broker."""
+    if not hasattr(config, "workerinput"):  # the controller (or the only process)
+        _start_broker(config)
     if config.getoption("hypothesis_profile", None):
         return  # hypothesis's own plugin loads the one named on the command line
     name = os.environ.get(PROFILE_ENV, "").strip() or "ci"
@@ -54,6 +62,75 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{PROFILE_ENV}={name!r}: not a profile (one of {', '.join(PROFILES)})"
         )
     settings.load_profile(name)
+
+
+# -- the session's server broker ------------------------------------------------------------------
+
+BROKER_READY_S = 60.0
+BROKER_STOP_S = 120.0  # it stops each server it holds (SIGTERM, grace, SIGKILL) before exiting
+
+
+def _start_broker(config: pytest.Config) -> None:
+    from parity.process import spawn
+    from parity.serve.lease import ENV
+
+    if os.environ.get(ENV) or os.environ.get("PARITY_TEST_BROKER", "1") == "0":
+        return
+    folder = Path(tempfile.mkdtemp(prefix="parity-test-broker-"))
+    socket_path = folder / "broker.sock"
+    argv = [sys.executable, "-m", "parity.serve.broker", "--socket", str(socket_path),
+            "--log-dir", str(folder / "logs"), "--parent", str(os.getpid())]  # fmt: skip
+    log = open(folder / "broker.log", "wb")  # noqa: SIM115 (closed in _stop_broker)
+    proc = spawn(argv, env=os.environ, cwd=ROOT, log=log)
+    deadline = time.monotonic() + BROKER_READY_S
+    while not socket_path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise pytest.UsageError(f"the server broker did not start: {folder / 'broker.log'}")
+        time.sleep(0.05)
+    os.environ[ENV] = str(socket_path)
+    config.stash[_BROKER] = (proc, log, folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the session's broker (it stops its servers first), bounded; then its group."""
+    found = config.stash.get(_BROKER, None)
+    if found is None:
+        return
+    from parity.process import signal_group
+    from parity.serve.lease import ENV
+
+    proc, log, folder = found
+    os.environ.pop(ENV, None)
+    signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=BROKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    log.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+_BROKER = pytest.StashKey[tuple]()
+
+
+def _broker_line(config: pytest.Config) -> str | None:
+    """How much the session's broker lent: servers started, leases granted."""
+    if config.stash.get(_BROKER, None) is None:
+        return None
+    from parity.serve.lease import BrokerClient, BrokerError
+
+    try:
+        status = BrokerClient(os.environ.get("PARITY_SERVER_BROKER", "")).status()
+    except BrokerError as exc:
+        return f"server broker: no status ({exc})"
+    labels = sorted({s["label"] for s in status["servers"]})
+    return (
+        f"server broker: {status['started']} server(s) started, {status['lent']} lease(s) "
+        f"granted ({', '.join(labels) or 'none held now'})"
+    )
 
 
 def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -117,6 +194,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for folder, times in sorted(folders.items(), key=lambda kv: -sum(kv[1])):
         write(f"{sum(times):8.1f} s  {len(times):5d} tests  {folder}")
     write(f"{sum(_TIMES.values()):8.1f} s  {len(_TIMES):5d} tests  (sum)")
+    broker = _broker_line(terminalreporter.config)
+    if broker:
+        write(broker)
     workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
     write(f"{time.monotonic() - _BEGAN:8.1f} s  wall time ({workers} worker(s))")
     if sum(_TIMES.values()) > 60:  # a run long enough to be compared with another day's

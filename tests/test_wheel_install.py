@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from parity.bench.suite import timed_command
+from parity.serve.lease import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).parent / "uv"
@@ -110,7 +111,8 @@ def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_port_runs_the_default_suite_from_its_own_folder(fresh_env: Path, tmp_path: Path) -> None:
     parity = str(fresh_env / "bin" / "parity")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # a fresh machine: not this checkout's packages, not the test session's server broker
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", ENV)}
     env["PATH"] = f"{fresh_env / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     project = tmp_path / "my-port"
     shown = _run([parity, "--help"], cwd=tmp_path, timeout=60, env=env)

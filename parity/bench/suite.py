@@ -61,6 +61,14 @@ def timed_command(argv: Sequence[str], *, cwd: Path, log: Path, timeout_s: float
     return result
 
 
+def cold_env() -> dict[str, str]:
+    """Our environment without a server broker: the timed runs start every server themselves,
+    as on a machine where nothing runs yet."""
+    from parity.serve.lease import ENV
+
+    return {k: v for k, v in os.environ.items() if k != ENV}
+
+
 def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
                   timeout_s: float = SUITE_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
     """The bundled default suite, engine vs oracle, one ``parity run`` per tier."""
@@ -69,7 +77,8 @@ def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
         reports = logs / f"suite-{tier}"
         argv = [sys.executable, "-m", "parity.cli", "run", "@default", "--tier", tier,
                 "--target", "engine", "--target", "oracle", "--report", str(reports)]  # fmt: skip
-        run = timed_command(argv, cwd=ROOT, log=logs / f"suite-{tier}.log", timeout_s=timeout_s)
+        run = timed_command(argv, cwd=ROOT, log=logs / f"suite-{tier}.log", timeout_s=timeout_s,
+                            env=cold_env())  # fmt: skip
         out["tiers"][tier] = run
         if "error" in run:
             out["error"] = f"{tier} tier: {run['error']}"
@@ -90,7 +99,7 @@ def fresh_clone(logs: Path, *, timeout_s: float = CLONE_TIMEOUT_S) -> dict[str, 
                                log=logs / "clone-git.log", timeout_s=120.0)  # fmt: skip
         if "error" in cloned or cloned["returncode"] != 0:
             return {"elapsed_s": None, "error": f"git clone failed (log: {cloned['log']})"}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+        env = {k: v for k, v in cold_env().items() if not k.startswith("VIRTUAL_ENV")}
         remaining = timeout_s - (time.monotonic() - began)
         made = timed_command(["make", "parity"], cwd=clone, log=logs / "clone-make-parity.log",
                              timeout_s=remaining, env=env)  # fmt: skip

@@ -56,7 +56,7 @@ def command(name: str) -> list[str]:
 def run_port(name: str, log_dir: Path) -> SuiteRun:
     """The suite in its own process group (``timed_command``): bounded, and on timeout the
     harness gets SIGTERM first, so it reaps the servers it started before its group is killed."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)  # with the session's server broker, when there is one
     log = log_dir / f"{name}.log"
     done = timed_command(command(name), cwd=ROOT, log=log, timeout_s=SUITE_TIMEOUT_S, env=env)
     seconds = done["elapsed_s"]
