@@ -66,17 +66,20 @@ def _frame(index: int, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps({"object": "text_completion", "choices": [choice]}).encode()
 
 
+# One request per connection, said in every answer: without it a client may reuse a connection
+# this server has already closed and lose the request ("server disconnected") on a busy machine.
+CLOSE = "connection: close\r\n"
+
+
 async def _send_json(writer: asyncio.StreamWriter, status: int, body: object) -> None:
     data = json.dumps(body).encode()
-    head = f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
+    head = f"HTTP/1.1 {status} OK\r\n{CLOSE}content-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n"
     writer.write(head.encode() + data)
     await writer.drain()
 
 
 async def _start_sse(writer: asyncio.StreamWriter) -> None:
-    head = (
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-    )
+    head = f"HTTP/1.1 200 OK\r\n{CLOSE}content-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     writer.write(head.encode())
     await writer.drain()
 
@@ -174,7 +177,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             await _send_json(writer, 200, {"success": idle})
         elif path == "/metrics":
             data = _metrics().encode()
-            writer.write(f"HTTP/1.1 200 OK\r\ncontent-length: {len(data)}\r\n\r\n".encode() + data)
+            writer.write(
+                f"HTTP/1.1 200 OK\r\n{CLOSE}content-length: {len(data)}\r\n\r\n".encode() + data
+            )
         elif path == "/v1/models":
             name = FLAGS.get("--served-model-name", "fake")
             entry = {"id": name, "max_model_len": int(FLAGS.get("--max-model-len", "0"))}
