@@ -162,6 +162,17 @@ def _harness_lines(harness: dict[str, Any]) -> list[str]:
         )
     shown = "not measured" if suite.get("elapsed_s") is None else f"{suite['elapsed_s']:.0f} s"
     lines.append(f"- Default suite wall time: {shown} {suite.get('error', '')}".rstrip())
+    repeat = harness.get("repeat_suite") or {}
+    for tier, run in (repeat.get("tiers") or {}).items():
+        first = ((repeat.get("first") or {}).get("tiers") or {}).get(tier) or {}
+        lines.append(
+            f"- Default suite again beside a server broker, {tier} tier: {run['elapsed_s']:.1f} s "
+            f"(the run that started its servers: {first.get('elapsed_s')} s), exit "
+            f"{run['returncode']}, load {run['loadavg_before']} -> {run['loadavg_after']}"
+        )
+    if repeat and not repeat.get("tiers"):
+        lines.append(f"- Default suite again beside a server broker: not measured "
+                     f"({repeat.get('error') or repeat.get('note', 'skipped')})")  # fmt: skip
     clone = harness.get("fresh_clone") or {}
     shown = "not measured" if clone.get("elapsed_s") is None else f"{clone['elapsed_s']:.0f} s"
     detail = (

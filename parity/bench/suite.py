@@ -7,6 +7,9 @@ average before and after, because a wall time on a shared machine means little w
 
 - ``default_suite``: ``parity run @default --tier T`` (engine vs oracle) once per tier, into a
   scratch report folder (the project's ``reports/`` is left alone), and the sum.
+- ``repeat_suite``: the same, twice, with a server broker (``parity broker``) for the two
+  runs: the first starts the oracle servers, the second, timed, leases them, as a port
+  maintainer's next run does when a broker is running (docs/server-broker.md).
 - ``fresh_clone``: ``git clone`` of this checkout's ``HEAD`` into a scratch folder, then
   ``make parity`` there. "Warm package cache" means uv's and pip's caches as they are on this
   machine (nothing is downloaded twice); the clone's ``.venv``, models and reports start empty.
@@ -70,15 +73,17 @@ def cold_env() -> dict[str, str]:
 
 
 def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
-                  timeout_s: float = SUITE_TIMEOUT_S) -> dict[str, Any]:  # fmt: skip
-    """The bundled default suite, engine vs oracle, one ``parity run`` per tier."""
+                  timeout_s: float = SUITE_TIMEOUT_S, env: dict[str, str] | None = None,
+                  name: str = "suite") -> dict[str, Any]:  # fmt: skip
+    """The bundled default suite, engine vs oracle, one ``parity run`` per tier; ``env``
+    defaults to ``cold_env()``; ``name`` prefixes its logs and reports."""
     out: dict[str, Any] = {"tiers": {}}
     for tier in tiers:
-        reports = logs / f"suite-{tier}"
+        reports = logs / f"{name}-{tier}"
         argv = [sys.executable, "-m", "parity.cli", "run", "@default", "--tier", tier,
                 "--target", "engine", "--target", "oracle", "--report", str(reports)]  # fmt: skip
-        run = timed_command(argv, cwd=ROOT, log=logs / f"suite-{tier}.log", timeout_s=timeout_s,
-                            env=cold_env())  # fmt: skip
+        run = timed_command(argv, cwd=ROOT, log=logs / f"{name}-{tier}.log", timeout_s=timeout_s,
+                            env=cold_env() if env is None else env)  # fmt: skip
         out["tiers"][tier] = run
         if "error" in run:
             out["error"] = f"{tier} tier: {run['error']}"
@@ -87,6 +92,36 @@ def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
     out["elapsed_s"] = round(sum(r["elapsed_s"] for r in out["tiers"].values()), 1)
     out["verdict"] = "exit " + "/".join(str(r["returncode"]) for r in out["tiers"].values())
     return out
+
+
+BROKER_READY_S = 60.0
+BROKER_STOP_S = 120.0  # the broker stops each server it holds before it exits
+
+
+def repeat_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS) -> dict[str, Any]:
+    """The default suite twice beside one ``parity broker``; the second run is the result
+    (``first`` holds the run that started the servers)."""
+    from parity.serve.lease import ENV
+
+    folder = Path(tempfile.mkdtemp(prefix="parity-bench-broker-"))
+    socket_path = folder / "broker.sock"
+    argv = [sys.executable, "-m", "parity.serve.broker", "--socket", str(socket_path),
+            "--log-dir", str(logs / "broker"), "--parent", str(os.getpid())]  # fmt: skip
+    broker = ManagedProcess(argv, log_path=logs / "broker.log", cwd=ROOT, env=cold_env())
+    try:
+        deadline = time.monotonic() + BROKER_READY_S
+        while not socket_path.exists():
+            if not broker.alive() or time.monotonic() > deadline:
+                return {"elapsed_s": None, "error": f"no broker (log: {logs / 'broker.log'})"}
+            time.sleep(0.05)
+        env = {**cold_env(), ENV: str(socket_path)}
+        first = default_suite(logs, tiers=tiers, env=env, name="repeat-first")
+        if "error" in first:
+            return {"elapsed_s": None, "error": f"first run: {first['error']}", "first": first}
+        return {**default_suite(logs, tiers=tiers, env=env, name="repeat"), "first": first}
+    finally:
+        broker.stop(grace_s=BROKER_STOP_S)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def fresh_clone(logs: Path, *, timeout_s: float = CLONE_TIMEOUT_S) -> dict[str, Any]:

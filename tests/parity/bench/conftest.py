@@ -90,6 +90,7 @@ def make_results() -> Callable[..., dict[str, Any]]:
         wedge_s: float | None = 2.1,
         suite_s: float | None = None,
         clone_s: float | None = None,
+        repeat_s: float | None = None,
     ) -> dict[str, Any]:
         loads = []
         for name, role, (eng, ora) in (("1x256", "single", single), ("32x128", "high", high)):
@@ -140,6 +141,11 @@ def make_results() -> Callable[..., dict[str, Any]]:
                                                   "loadavg_before": [1.0, 1, 1],
                                                   "loadavg_after": [2.0, 1, 1]}
                                            for tier in ("scheduler", "serve")}},
+                        "repeat_suite": {"elapsed_s": repeat_s, "tiers": {} if repeat_s is None
+                                         else {tier: {"elapsed_s": repeat_s / 2, "returncode": 0,
+                                                      "loadavg_before": [0.5, 1, 1],
+                                                      "loadavg_after": [0.7, 1, 1]}
+                                               for tier in ("scheduler", "serve")}},
                         "fresh_clone": {"elapsed_s": clone_s, "note": "n"}},
             "targets": [], "errors": [],
         }  # fmt: skip

@@ -15,7 +15,7 @@ from parity.bench.loads import Load, load_metrics, load_request, tree_cpu_s, tre
 from parity.bench.report import SCHEMA_KEYS, charts, markdown, update_latest, write_run
 from parity.bench.serve import rep_order
 from parity.bench.stats import median, percentile, ratio
-from parity.bench.suite import default_suite, timed_command
+from parity.bench.suite import default_suite, repeat_suite, timed_command
 from parity.bench.targets import evaluate
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,8 +91,11 @@ def test_targets_pass_and_fail_per_line(make_results) -> None:
     assert not any(slow[k].passed for k in ("startup", "scheduler_step", "differential"))
     assert slow["wedge_verdict"].passed is False and slow["default_suite"].passed is False
     assert slow["fresh_clone"].passed is False and "load 1.0->2.0" in slow["default_suite"].note
-    fast = {t.id: t for t in evaluate(make_results(suite_s=70.0, clone_s=110.0))}
+    assert lines["repeat_suite"].passed is None
+    fast = {t.id: t for t in evaluate(make_results(suite_s=70.0, clone_s=110.0, repeat_s=40.0))}
     assert fast["default_suite"].passed is True and fast["fresh_clone"].passed is True
+    assert fast["repeat_suite"].passed is True and "load 0.5->0.7" in fast["repeat_suite"].note
+    assert evaluate(make_results(repeat_s=80.0))[-2].passed is False
     one_tier = make_results(suite_s=70.0)
     del one_tier["harness"]["default_suite"]["tiers"]["serve"]  # quick mode: scheduler only
     assert {t.id: t for t in evaluate(one_tier)}["default_suite"].passed is None
@@ -167,3 +170,24 @@ def test_the_suite_stops_at_the_first_failed_tier(tmp_path: Path, monkeypatch) -
     monkeypatch.setattr(suite, "timed_command", fake)
     found = default_suite(tmp_path)
     assert calls == ["scheduler"] and found["elapsed_s"] is None and "scheduler" in found["error"]
+
+
+@pytest.mark.timeout(120)
+def test_the_repeat_suite_runs_twice_beside_one_broker(tmp_path: Path, monkeypatch) -> None:
+    import parity.bench.suite as suite
+    from parity.serve.lease import ENV
+
+    seen: list[tuple[str, str, bool]] = []
+
+    def fake(argv, *, cwd, log, timeout_s, env):
+        seen.append((argv[argv.index("--tier") + 1], env[ENV], Path(env[ENV]).exists()))
+        return {"elapsed_s": 2.0 if len(seen) <= 2 else 1.0, "returncode": 0, "log": str(log),
+                "loadavg_before": [0, 0, 0], "loadavg_after": [0, 0, 0]}  # fmt: skip
+
+    monkeypatch.setattr(suite, "timed_command", fake)
+    found = repeat_suite(tmp_path)
+    assert [tier for tier, _, _ in seen] == ["scheduler", "serve"] * 2
+    socket_path = seen[0][1]
+    assert all(path == socket_path and listening for _, path, listening in seen)
+    assert found["elapsed_s"] == 2.0 and found["first"]["elapsed_s"] == 4.0  # the second run
+    assert not Path(socket_path).exists()  # the broker was stopped and took its socket along
