@@ -12,7 +12,8 @@ quantization, LoRA or sliding windows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,27 +142,30 @@ class Linear(nn.Module):
 
     Upstream prepacks every dense projection for oneDNN (``dispatch_cpu_unquantized_gemm``,
     ``model_executor/layers/utils.py:470-608``) and picks kernels by shape. Here the kernel
-    depends on the number of rows ``M`` (tokens) of the call, measured on this CPU (2-core
-    Xeon, AVX-512) for the scripted model's projections, median thread CPU per step:
+    depends on the number of rows ``M`` (tokens) of the call, measured for the scripted
+    model's projections:
 
     - float32, ``M <= 3``: ``F.linear`` on the plain weight (MKL). At 2-3 rows it reads the
-      weight once like a GEMV; oneDNN's packed kernel takes 35-45 % longer there.
-    - float32, ``16 <= M <= 48``: MKL with the weight as the left operand, ``(W x^T)^T`` (a
-      GEMM with a skinny right-hand side), 10-20 % faster than oneDNN at 16-32 rows; from
-      64 rows on (prefill chunks) oneDNN is faster again.
+      weight once like a GEMV; oneDNN's packed kernel took 35-45 % longer there (2-core Xeon).
+    - float32, ``16 <= M <= 48``, when ``skinny`` is on: MKL with the weight as the left
+      operand, ``(W x^T)^T`` (a GEMM with a skinny right-hand side). Which kernel wins there
+      depends on the CPU: on a 2-core Xeon (AVX-512) this one was 10-20 % faster than oneDNN
+      at 16-32 rows, on a 2-core AMD EPYC (AVX-512) 30-40 % slower. ``choose_skinny_kernel``
+      times both once when the weights are loaded and sets ``skinny`` for every projection.
     - otherwise: a oneDNN-prepacked copy of ``W`` (25-45 % faster than ``F.linear`` from 4 rows
       up; for bfloat16 oneDNN wins at every size). The packed copy costs the weight's size
       again; without oneDNN every call is ``F.linear``.
     """
 
     SMALL_ROWS = 3  # up to this many float32 rows: F.linear
-    SKINNY_ROWS = (16, 48)  # float32 rows in this range: (W x^T)^T
+    SKINNY_ROWS = (16, 48)  # float32 rows in this range: (W x^T)^T, where ``skinny`` is on
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self._packed: torch.Tensor | None = None
+        self.skinny = False
 
     def prepack(self) -> None:
         """(Re)build the oneDNN copy of the current weight; call after loading weights."""
@@ -178,7 +182,7 @@ class Linear(nn.Module):
             if rows <= self.SMALL_ROWS or self._packed is None:
                 return F.linear(x, self.weight, self.bias)
             low, high = self.SKINNY_ROWS
-            if low <= rows <= high:
+            if self.skinny and low <= rows <= high:
                 out = torch.mm(self.weight, x.t()).t().contiguous()
                 return out if self.bias is None else out + self.bias
         elif self._packed is None:
@@ -186,6 +190,32 @@ class Linear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self._packed, self.bias, "none", [], ""
         )
+
+
+def choose_skinny_kernel(linears: Sequence[Linear], reps: int = 3) -> bool:
+    """Turn ``skinny`` on for every float32 projection in ``linears`` if ``(W x^T)^T`` beats
+    the oneDNN kernel on this CPU: both timed on the largest packed one at the middle of
+    ``Linear.SKINNY_ROWS``, best of ``reps`` after a warm-up (tens of milliseconds)."""
+    packed = [m for m in linears if m._packed is not None and m.weight.dtype == torch.float32]
+    if not packed:
+        return False
+    largest = max(packed, key=lambda m: m.weight.numel())
+    x = torch.zeros(sum(Linear.SKINNY_ROWS) // 2, largest.weight.shape[1])
+
+    def best(on: bool) -> float:
+        largest.skinny = on
+        times = []
+        with torch.inference_mode():
+            for _ in range(reps + 1):
+                began = time.perf_counter()
+                largest(x)
+                times.append(time.perf_counter() - began)
+        return min(times[1:])
+
+    faster = best(True) < best(False)
+    for module in packed:
+        module.skinny = faster
+    return faster
 
 
 class VocabEmbedding(nn.Module):
@@ -371,7 +401,8 @@ class LlamaForCausalLM(nn.Module):
             module = self.get_submodule(module_name)
             data = tensor.to(self.dtype).contiguous()
             setattr(module, attr, nn.Parameter(data, requires_grad=False))
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.prepack()
+        linears = [module for module in self.modules() if isinstance(module, Linear)]
+        for module in linears:
+            module.prepack()
+        choose_skinny_kernel(linears)
         return set(params)

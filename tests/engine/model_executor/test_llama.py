@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from engine.model_executor import llama
 from engine.model_executor.attention import AttentionMetadata, PrefillSpan
-from engine.model_executor.llama import Linear, LlamaConfig, UnsupportedModelError
+from engine.model_executor.llama import (
+    Linear,
+    LlamaConfig,
+    UnsupportedModelError,
+    choose_skinny_kernel,
+)
 from engine.model_executor.loader import ModelLoadError, load_config, load_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,12 +49,39 @@ def test_linear_kernels_agree_with_a_float64_reference(rows: int, bias: bool) ->
     want = x.double() @ layer.weight.double().t()
     if bias:
         want += layer.bias.double()
-    for packed in (False, True):
+    for packed, skinny in ((False, False), (True, False), (True, True)):
         if packed:
             layer.prepack()
+        layer.skinny = skinny
         got = layer(x)
         assert got.shape == (rows, 192) and got.dtype == torch.float32 and got.is_contiguous()
-        assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4), (rows, packed)
+        assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4), (rows, packed, skinny)
+
+
+def test_the_skinny_kernel_is_chosen_by_timing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``choose_skinny_kernel`` times both kernels on the largest packed projection and sets
+    one answer on every projection; without a packed float32 projection it does nothing."""
+    layers = [Linear(64, 32, bias=False), Linear(64, 128, bias=False)]
+    for layer in layers:
+        layer.prepack()
+    assert layers[0]._packed is not None  # the pinned torch (2.13.0+cpu) has oneDNN
+    clock = itertools.count()  # one tick a read, ten more in a call of the slow kernel
+    monkeypatch.setattr(llama, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    timed: list[tuple[int, int]] = []  # (layer output size, rows) of every timed call
+    real = Linear.forward
+    for slow in (True, False):
+
+        def forward(self: Linear, x: torch.Tensor, slow: bool = slow) -> torch.Tensor:
+            timed.append((self.weight.shape[0], x.shape[0]))
+            for _ in range(10 if self.skinny == slow else 0):
+                next(clock)
+            return real(self, x)
+
+        monkeypatch.setattr(Linear, "forward", forward)
+        assert choose_skinny_kernel(layers) is (not slow)
+        assert [layer.skinny for layer in layers] == [not slow, not slow]
+    assert set(timed) == {(128, sum(Linear.SKINNY_ROWS) // 2)}  # the largest, mid-range rows
+    assert choose_skinny_kernel([Linear(8, 8, bias=False)]) is False  # not packed
 
 
 def test_config_layouts() -> None:
