@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from parity.bench.loads import (
     tree_rss,
 )
 from parity.bench.stats import median, ratio, rounded
-from parity.process import ManagedProcess, StartupError, free_port
-from parity.serve import ServerConfig, ServerHandle, StartupRecord, parse_target, run_serve
-from parity.serve.targets import HOST, server_argv, server_cwd, server_env
+from parity.process import StartupError
+from parity.serve import ServerConfig, ServerHandle, parse_target, run_serve
+from parity.serve.launch import launch, recipe
 
 SIDES = ("engine", "oracle")
 STARTUP_TIMEOUT_S = LIMITS.startup_timeout_s
@@ -67,29 +67,15 @@ class SideRep:
 
 
 def start_server(target: str, config: ServerConfig, log_path: Path) -> ServerHandle:
-    """Start ``target`` fresh and wait for ``/health`` (polled every 50 ms); StartupError."""
+    """Start ``target`` fresh the one way servers start (``parity.serve.launch``, with its
+    port-race retries), ``/health`` polled every 50 ms; StartupError when it did not start."""
     spec = parse_target(target)
-    for attempt in (1, 2):
-        port = free_port()
-        argv = server_argv(spec, config, port)
-        proc = ManagedProcess(
-            argv, log_path=log_path, env=server_env(spec), cwd=server_cwd(spec, config)
-        )
-        try:
-            elapsed = proc.wait_healthy(
-                f"http://{HOST}:{port}/health", STARTUP_TIMEOUT_S, interval_s=HEALTH_POLL_S
-            )
-        except StartupError:
-            proc.stop(grace_s=5.0)
-            if attempt == 1 and "Address already in use" in proc.log_tail():
-                continue
-            raise
-        record = StartupRecord(
-            target=spec.label, outcome="started", startup_s=round(elapsed, 3),
-            argv=tuple(argv), port=port, attempts=attempt,
-        )  # fmt: skip
-        return ServerHandle(spec, config, record, proc)
-    raise AssertionError("unreachable")
+    start = replace(recipe(spec, config, STARTUP_TIMEOUT_S), poll_s=HEALTH_POLL_S)
+    record, process = launch(start, lambda: log_path)
+    if process is None or not record.started:
+        raise StartupError(record.error or record.outcome, log_tail=record.log_tail,
+                           returncode=record.returncode)  # fmt: skip
+    return ServerHandle(spec, config, record, process)
 
 
 def run_side(
