@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from parity.bench.suite import timed_command
+from parity.process import ManagedProcess
 from parity.repro.cli import main as repro_main
 from parity.serve.lease import ENV
 
@@ -55,29 +55,22 @@ def own_servers() -> dict[str, str]:
 
 
 @contextmanager
-def busy_machine(folder: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+def busy_machine(folder: Path) -> Iterator[list[ManagedProcess]]:
     """As many CPU-bound processes as cores plus one disk writer, each in its own process
-    group; all killed and reaped on exit."""
-    procs: list[subprocess.Popen[bytes]] = []
+    group; all stopped and reaped on exit (and, being tracked, if pytest gets SIGTERM)."""
+    procs: list[ManagedProcess] = []
     try:
-        for _ in range(os.cpu_count() or 1):
-            procs.append(subprocess.Popen([sys.executable, "-c", CPU_HOG], process_group=0))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", DISK_HOG, str(folder / "disk-hog.bin")], process_group=0
-            )
-        )
+        for i in range(os.cpu_count() or 1):
+            argv = [sys.executable, "-c", CPU_HOG]
+            procs.append(ManagedProcess(argv, log_path=folder / f"cpu-hog-{i}.log"))
+        argv = [sys.executable, "-c", DISK_HOG, str(folder / "disk-hog.bin")]
+        procs.append(ManagedProcess(argv, log_path=folder / "disk-hog.log"))
         time.sleep(1.0)
-        assert all(p.poll() is None for p in procs), "a load generator died at once"
+        assert all(p.alive() for p in procs), "a load generator died at once"
         yield procs
     finally:
         for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            proc.wait(timeout=30)
+            proc.stop(grace_s=5.0)
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 300)
@@ -85,14 +78,17 @@ def test_the_default_suite_on_a_busy_machine_has_no_false_new(tmp_path: Path) ->
     reports = tmp_path / "reports"
     with busy_machine(tmp_path) as procs:
         began = time.monotonic()
-        done = subprocess.run(
+        # bounded; on timeout its group gets SIGTERM first, so the run stops its own servers
+        done = timed_command(
             [sys.executable, "-m", "parity.cli", "run", "--tier", "both", "--no-progress",
              "--report", str(reports), "--json", str(tmp_path / "run.json")],
-            cwd=ROOT, capture_output=True, text=True, timeout=SUITE_TIMEOUT_S, env=own_servers(),
+            cwd=ROOT, log=tmp_path / "run.log", timeout_s=SUITE_TIMEOUT_S, env=own_servers(),
         )  # fmt: skip
         elapsed = time.monotonic() - began
-        assert all(p.poll() is None for p in procs), "the load stopped before the run ended"
+        assert all(p.alive() for p in procs), "the load stopped before the run ended"
         load = os.getloadavg()
+    output = (tmp_path / "run.log").read_text(encoding="utf-8", errors="replace")
+    assert "error" not in done and done["returncode"] == 0, (done, output[-6000:])
     run = json.loads((tmp_path / "run.json").read_text())
     counts = run["ledger"]["counts"]
     flaky = [r for r in run["results"] if r.get("flaky")]
@@ -100,8 +96,7 @@ def test_the_default_suite_on_a_busy_machine_has_no_false_new(tmp_path: Path) ->
     for result in flaky:  # allowed, but listed with both observations
         first = result["attempts"][0]
         print(f"FLAKY {result['scenario_id']}: {first['suspects']} (load {first['load']})")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert counts["NEW"] == 0 and counts["STALE"] == 0, done.stdout[-4000:]
+    assert counts["NEW"] == 0 and counts["STALE"] == 0, output[-6000:]
     assert len(run["results"]) >= 50
 
 
