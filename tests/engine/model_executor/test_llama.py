@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine.model_executor import llama
 from engine.model_executor.attention import AttentionMetadata, PrefillSpan
-from engine.model_executor.llama import (
-    Linear,
-    LlamaConfig,
-    UnsupportedModelError,
-    choose_skinny_kernel,
-)
+from engine.model_executor.linear import KERNELS, TRIALS, Linear
+from engine.model_executor.llama import LlamaConfig, UnsupportedModelError
 from engine.model_executor.loader import ModelLoadError, load_config, load_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,56 +25,6 @@ BASE = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 256,
 }
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, 4, 8, 16, 32, 48, 64])
-def test_linear_kernels_agree_with_a_float64_reference(rows: int, bias: bool) -> None:
-    """Every row-count regime of ``Linear.forward`` (F.linear, (W x^T)^T, oneDNN) computes
-    x W^T + b, with and without the packed copy."""
-    torch.manual_seed(rows)
-    layer = Linear(256, 192, bias=bias)
-    layer.weight.data = torch.randn(192, 256) * 0.05
-    if bias:
-        assert layer.bias is not None
-        layer.bias.data = torch.randn(192)
-    x = torch.randn(rows, 256)
-    want = x.double() @ layer.weight.double().t()
-    if bias:
-        want += layer.bias.double()
-    for packed, skinny in ((False, False), (True, False), (True, True)):
-        if packed:
-            layer.prepack()
-        layer.skinny = skinny
-        got = layer(x)
-        assert got.shape == (rows, 192) and got.dtype == torch.float32 and got.is_contiguous()
-        assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4), (rows, packed, skinny)
-
-
-def test_the_skinny_kernel_is_chosen_by_timing_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``choose_skinny_kernel`` times both kernels on the largest packed projection and sets
-    one answer on every projection; without a packed float32 projection it does nothing."""
-    layers = [Linear(64, 32, bias=False), Linear(64, 128, bias=False)]
-    for layer in layers:
-        layer.prepack()
-    assert layers[0]._packed is not None  # the pinned torch (2.13.0+cpu) has oneDNN
-    clock = itertools.count()  # one tick a read, ten more in a call of the slow kernel
-    monkeypatch.setattr(llama, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
-    timed: list[tuple[int, int]] = []  # (layer output size, rows) of every timed call
-    real = Linear.forward
-    for slow in (True, False):
-
-        def forward(self: Linear, x: torch.Tensor, slow: bool = slow) -> torch.Tensor:
-            timed.append((self.weight.shape[0], x.shape[0]))
-            for _ in range(10 if self.skinny == slow else 0):
-                next(clock)
-            return real(self, x)
-
-        monkeypatch.setattr(Linear, "forward", forward)
-        assert choose_skinny_kernel(layers) is (not slow)
-        assert [layer.skinny for layer in layers] == [not slow, not slow]
-    assert set(timed) == {(128, sum(Linear.SKINNY_ROWS) // 2)}  # the largest, mid-range rows
-    assert choose_skinny_kernel([Linear(8, 8, bias=False)]) is False  # not packed
 
 
 def test_config_layouts() -> None:
@@ -175,6 +118,26 @@ def test_forward_matches_transformers(tiny_hf) -> None:  # type: ignore[no-untyp
         hidden = model(ids, torch.arange(40), kv_caches(model), prefill_metadata(40))
         logits = model.compute_logits(hidden)
     assert torch.allclose(logits, expected, atol=1e-4)
+
+
+def test_the_first_passes_choose_one_kernel_for_every_projection(tiny_hf) -> None:  # type: ignore[no-untyped-def]
+    """Every projection shares the model's chooser; the forward passes settle each row range
+    they run, and whichever kernel runs, the logits are transformers'."""
+    hf_model, folder = tiny_hf
+    model = load_model(folder, torch.float32)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 4 * 2 + 1  # qkv, o, gate_up, down per layer; lm_head
+    assert {id(m.chooser) for m in linears} == {id(model.kernels)}
+    assert model.kernels.candidates == KERNELS and model.kernels.settled() == {}
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        expected = hf_model(ids[None]).logits[0]
+        for kernel in [*KERNELS * TRIALS, None]:  # candidates in turn, then the chosen one
+            assert kernel is None or model.kernels.kernel(40) == kernel
+            hidden = model(ids, torch.arange(40), kv_caches(model), prefill_metadata(40))
+            assert torch.allclose(model.compute_logits(hidden), expected, atol=1e-4), kernel
+    assert set(model.kernels.settled()) == {"32-63"}
+    assert model.kernels.settled()["32-63"] in KERNELS
 
 
 def test_decode_through_the_cache_matches_full_forward(tiny_hf) -> None:  # type: ignore[no-untyped-def]
