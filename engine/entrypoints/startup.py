@@ -143,6 +143,7 @@ def _build(args: argparse.Namespace) -> AppState:
         max_token_id=max(serving_tokenizer.get_vocab().values()),
         generation_config=dict(generation_config),
         eos_token_id=serving_tokenizer.eos_token_id,
+        tokenizer=load_tokenizer(model_dir),
     )
     names = args.served_model_name or [args.model]
     metrics = PrometheusStatLogger(
@@ -229,7 +230,8 @@ def load_tokenizer(model_dir: Path) -> Any:
 
     A ``tokenizer.json`` whose config names ``PreTrainedTokenizerFast`` is loaded through that
     class directly: the same object ``AutoTokenizer`` returns, without importing the model
-    registry (about 3 s of CPU at startup).
+    registry (about 3 s of CPU at startup). Truncation keeps a prompt's last tokens, as for
+    every generating model upstream (``vllm/tokenizers/registry.py:134-138``).
     """
     import json
 
@@ -240,10 +242,14 @@ def load_tokenizer(model_dir: Path) -> Any:
     if tokenizer_class in FAST_TOKENIZER_CLASSES and (model_dir / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir), local_files_only=True)
+        return PreTrainedTokenizerFast.from_pretrained(
+            str(model_dir), local_files_only=True, truncation_side="left"
+        )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(model_dir), local_files_only=True, truncation_side="left"
+    )
 
 
 def _kv_memory() -> int:

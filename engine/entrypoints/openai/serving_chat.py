@@ -111,7 +111,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> tuple[list[dict[str, Any]], PromptInput]:
         requested, param = request.requested_max_tokens()
         tok = self.tokenize_params(request, requested, param)
-        conversation = parse_messages(request.messages)
+        conversation = parse_messages(request.messages, self.config.model_name)
         tools = [tool.model_dump() for tool in request.tools] if request.tools else None
         text = render_chat(self.tokenizer, conversation, self.config.chat_template, kwargs, tools)
         ids = tok.check_tokens(self.tokenizer, tok.encode(self.tokenizer, text))

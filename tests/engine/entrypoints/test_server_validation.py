@@ -164,8 +164,9 @@ def test_unknown_model_is_404(client: httpx.Client) -> None:
     }
 
 
-def test_truncate_prompt_tokens_keeps_the_head(client: httpx.Client) -> None:
-    prompt = [vocab.BOS, vocab.answer_selector(3)] + [5] * (M + 50)
+def test_truncate_prompt_tokens_keeps_the_tail(client: httpx.Client) -> None:
+    """A generating model's tokenizer truncates on the left (tokenizers/registry.py:134-138)."""
+    prompt = [vocab.BOS] + [5] * (M + 50) + [vocab.answer_selector(3)]
     body = cmpl(client, prompt=prompt, max_tokens=3, truncate_prompt_tokens=2).json()
     assert body["usage"]["prompt_tokens"] == 2
     assert body["choices"][0]["text"] == " 2 1 0"
