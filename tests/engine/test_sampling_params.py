@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +286,39 @@ def test_get_max_tokens_matches_upstream(upstream: Any) -> None:
             max_len, length, request, default, override, truncate
         )
         assert ours == want, (max_len, length, request, default, override, truncate)
+
+
+def _words_encoder(vocab: dict[str, int]) -> Callable[[str], list[int]]:
+    """A toy tokenizer: whitespace-split words, a leading space kept on each but the first."""
+
+    def encode(text: str) -> list[int]:
+        pieces = text.replace(" ", "\0 ").split("\0")
+        return [vocab[piece] for piece in pieces if piece]
+
+    return encode
+
+
+def test_update_from_tokenizer_tokenizes_each_bad_word_with_and_without_a_space() -> None:
+    encode = _words_encoder({"a": 1, " a": 2, "b": 3, " b": 4})
+    params = SamplingParams(bad_words=["a b", " a"], max_tokens=4)
+    params.update_from_tokenizer(encode, max_token_id=10)
+    # "a b" -> [1, 4]; " a b" -> [2, 4] (new first token, same length): kept. " a" is
+    # stripped to "a": [1] and [2] again.
+    assert params.bad_words_token_ids == [[1, 4], [2, 4], [1], [2]]
+
+
+def test_update_from_tokenizer_refuses_empty_too_many_and_out_of_vocab_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    encode = _words_encoder({"a": 1, " a": 2, "z": 99, " z": 98})
+    with pytest.raises(SamplingParamsError, match="must tokenize to at least one token") as err:
+        SamplingParams(bad_words=[" "], max_tokens=4).update_from_tokenizer(encode, 10)
+    assert err.value.param == "bad_words"
+    with pytest.raises(SamplingParamsError, match=r"following tokens were specified as bad: \[99"):
+        SamplingParams(bad_words=["z"], max_tokens=4).update_from_tokenizer(encode, 10)
+    monkeypatch.setenv("VLLM_MAX_NUM_BAD_WORDS", "1")
+    with pytest.raises(SamplingParamsError, match="Too many bad words after tokenization: 2"):
+        SamplingParams(bad_words=["a"], max_tokens=4).update_from_tokenizer(encode, 10)
+    plain = SamplingParams(max_tokens=4)
+    plain.update_from_tokenizer(encode, 10)
+    assert plain.bad_words_token_ids is None

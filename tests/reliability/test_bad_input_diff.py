@@ -42,21 +42,12 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 
 # case name -> why our answer may differ from the oracle's (a ledger in miniature).
-_LOGIT_BIAS = (
-    "logit_bias is not implemented by the engine: it refuses it (400, param logit_bias, "
-    "serving_engine.UNSUPPORTED_FIELDS) where the pin applies it (200)"
-)
 _NULL_MESSAGES = (
     "the pin lets messages=null through validation and fails later on iterating it (400 "
     "BadRequestError, param null, \"'NoneType' object is not iterable\"); the engine refuses it "
     "at validation (400 'Bad Request', param body.messages): same status, clearer error"
 )
 KNOWN_DIFFERENCES: dict[str, str] = {
-    **{
-        f'{endpoint}:logit_bias={{"65": 200}}{stream}': _LOGIT_BIAS
-        for endpoint in ("completions", "chat")
-        for stream in ("", "-stream")
-    },
     "chat:messages=null": _NULL_MESSAGES,
     "chat:messages=null-stream": _NULL_MESSAGES,
 }
@@ -313,3 +304,139 @@ def test_bad_inputs_answer_like_the_oracle(servers: dict[str, ServerHandle]) -> 
     assert not [a for a in answers["engine"] if a.status >= 500], "engine answered 5xx"
     assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)
     assert not stale, f"known differences that no longer differ (remove them): {stale}"
+
+
+# Chat content, prompts and logits processors the oracle handles one way: each answer's whole
+# error message and param, or the prompt's token ids, texts and logprobs, must equal the
+# oracle's (vllm/renderers/chat_utils.py content parts, renderers/hf.py developer messages,
+# tokenizers/registry.py truncation side, sampling_params.py update_from_tokenizer and the
+# sampler's logit_bias / allowed_token_ids / bad_words).
+_USER = {"type": "text", "text": "<|answer:2|>"}
+CONTENT_PARTS: list[Any] = [
+    {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}},
+    {"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}},
+    {"type": "video_url", "video_url": {"url": "http://127.0.0.1:9/x.mp4"}},
+    {"type": "image_pil", "image_pil": "x"},
+    {"type": "image_embeds", "image_embeds": "AA=="},
+    {"type": "audio_embeds", "audio_embeds": "AA=="},
+    {"image_url": {"url": "x"}},
+    {"audio_url": "x"},
+    {"image_embeds": "AA=="},
+    {"type": "image_url"},
+    {"type": "image_url", "image_url": {"url": 5}},
+    {"type": "audio_url"},
+    {"type": "video_url", "video_url": {}},
+    {"type": "prompt_embeds"},
+    {"type": "prompt_embeds", "data": "AA=="},
+    {"type": "foo"},
+    {"type": "file", "file": {"file_id": "x"}},
+    {"text": " hi"},
+    {"type": 5},
+    {"type": "text", "text": " b", "uuid": "u"},
+    {"type": "text"},
+    {"type": "text", "text": None},
+    {"type": "text", "text": ""},
+    {"type": "input_text", "text": " d"},
+    {"type": "output_text", "text": " d"},
+    {"type": "refusal", "refusal": " c"},
+    {"type": "thinking", "thinking": " a"},
+    {"type": "thinking"},
+    {"type": "tool_reference", "name": "f"},
+    " e",
+]
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "developer", "content": " a"}, {"role": "user", "content": "<|answer:2|>"}],
+    [
+        {"role": "system", "content": " s"},
+        {"role": "developer", "content": " a"},
+        {"role": "user", "content": "<|answer:2|>"},
+    ],
+    [{"role": "user", "content": "<|answer:2|>"}, {"role": "developer", "content": " a"}],
+    [
+        {"role": "system", "content": ""},
+        {"role": "developer", "content": [{"type": "text", "text": " a"}, " b"]},
+        {"role": "developer", "content": " c", "name": "x"},
+        {"role": "user", "content": "<|answer:2|>"},
+    ],
+    [
+        {"role": "system", "content": " s"},
+        {"role": "user", "content": "<|answer:2|>"},
+        {"role": "system", "content": " t"},
+    ],
+    [
+        {"role": "system", "content": "x-anthropic-billing-header: cch=1\n b"},
+        {"role": "user", "content": "<|answer:2|>"},
+    ],
+    [
+        {"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: 1"}]},
+        {"role": "user", "content": "<|answer:2|>"},
+    ],
+]
+TRUNCATED: list[tuple[str, dict[str, Any]]] = [
+    (COMPLETIONS, {"prompt": " 5 6 7", "truncate_prompt_tokens": 2}),
+    (COMPLETIONS, {"prompt": [389, 261, 262, 263], "truncate_prompt_tokens": 3}),
+    (COMPLETIONS, {"prompt": " 5 6 7", "truncate_prompt_tokens": 2, "truncation_side": "right"}),
+    (CHAT, {"messages": [{"role": "user", "content": " 5" * 40}], "truncate_prompt_tokens": 20}),
+]
+# Logits processors whose outcome the scripted model decides without ties (banning a token
+# leaves its runner-up " um"; two allowed tokens the count-down visits in order).
+PROCESSORS: list[dict[str, Any]] = [
+    {"logit_bias": {"259": 100}},
+    {"logit_bias": {"260": -100}, "logprobs": 2},
+    {"logit_bias": {"9999": 1}},
+    {"allowed_token_ids": [260, 259], "max_tokens": 2},
+    {"allowed_token_ids": [600]},
+    {"bad_words": [" 4"]},
+    {"bad_words": ["4"]},
+    {"bad_words": ["3 2"]},
+    {"bad_words": [" 4 3", " 1"], "logprobs": 1},
+    {"bad_words": [" 4"], "n": 2},
+    {"bad_words": [" "]},
+    {"bad_words": ["\u00e9\u00e9"]},
+]
+
+
+def content_cases() -> list[tuple[str, dict[str, Any]]]:
+    cases = [
+        (CHAT, {"messages": [{"role": "user", "content": [_USER, part]}]}) for part in CONTENT_PARTS
+    ]
+    cases += [(CHAT, {"messages": messages}) for messages in CONVERSATIONS]
+    cases += TRUNCATED
+    cases += [(COMPLETIONS, {"prompt": " 5", **fields}) for fields in PROCESSORS]
+    messages = [{"role": "user", "content": "<|answer:4|>"}]
+    cases += [(CHAT, {"messages": messages, **fields}) for fields in PROCESSORS[::3]]
+    return [
+        (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
+        for path, body in cases
+    ]
+
+
+def _rendered(response: httpx.Response) -> tuple[Any, ...]:
+    body = response.json()
+    if response.status_code != 200:
+        return (response.status_code, body["error"]["message"], body["error"]["param"])
+    prompt = body.get("prompt_token_ids") or body["choices"][0].get("prompt_token_ids")
+    texts = [c.get("text", c.get("message")) for c in body["choices"]]
+    logprobs = [c.get("logprobs") for c in body["choices"]]
+    return (200, prompt, texts, logprobs)
+
+
+@pytest.mark.timeout(300)
+def test_content_truncation_and_processors_answer_like_the_oracle(
+    servers: dict[str, ServerHandle],
+) -> None:
+    cases = content_cases()
+    answers: dict[str, list[tuple[Any, ...]]] = {}
+    for target, handle in servers.items():
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            answers[target] = [
+                _rendered(client.post(handle.url + path, json=body)) for path, body in cases
+            ]
+    mismatches = [
+        f"{json.dumps(body)[:200]}\n    engine {ours}\n    oracle {theirs}"
+        for (_, body), ours, theirs in zip(cases, answers["engine"], answers["oracle"], strict=True)
+        if ours != theirs
+    ]
+    statuses = {answer[0] for answer in answers["oracle"]}
+    assert statuses == {200, 400}, statuses  # both kinds of answer are exercised
+    assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)

@@ -99,9 +99,6 @@ class PromptInput:
 # Request fields this engine does not implement, and the value meaning "unused".
 UNSUPPORTED_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "bad_words": [],
     "logprob_token_ids": None,
     "structured_outputs": None,
     "repetition_detection": None,
@@ -252,6 +249,7 @@ class OpenAIServing:
                 stream_interval=request.stream_interval,
                 logit_bias=coerce_logit_bias(request.logit_bias) if request.logit_bias else None,
                 allowed_token_ids=request.allowed_token_ids,
+                bad_words=request.bad_words,
                 extra_args=request.vllm_xargs or None,
                 **values,
             )

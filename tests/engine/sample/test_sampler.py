@@ -174,7 +174,7 @@ def test_bad_words_ban_the_last_token_after_their_prefix(row, sample) -> None:
     logits[:, 20] = 3.0
     logits[:, 21] = 2.0
     rows = [row(output=[5, 6], temperature=0.0) for _ in range(3)]
-    rows[0].params.bad_words_token_ids = [[20]]  # type: ignore[attr-defined]
-    rows[1].params.bad_words_token_ids = [[6, 20]]  # type: ignore[attr-defined]
-    rows[2].params.bad_words_token_ids = [[5, 20], [1, 2, 3, 4, 20]]  # type: ignore[attr-defined]
+    rows[0].params.bad_words_token_ids = [[20]]
+    rows[1].params.bad_words_token_ids = [[6, 20]]
+    rows[2].params.bad_words_token_ids = [[5, 20], [1, 2, 3, 4, 20]]
     assert sample(logits, rows).sampled_token_ids.tolist() == [21, 21, 20]

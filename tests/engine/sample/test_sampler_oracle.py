@@ -144,7 +144,7 @@ def our_rows(rows: list[dict[str, Any]], prompts, outputs) -> list[SamplingReque
     for p, prompt, output in zip(rows, prompts, outputs, strict=True):
         params = SamplingParams(**{k: v for k, v in p.items() if k != "bad_words_token_ids"})
         if "bad_words_token_ids" in p:
-            params.bad_words_token_ids = p["bad_words_token_ids"]  # type: ignore[attr-defined]
+            params.bad_words_token_ids = p["bad_words_token_ids"]
         params.eos_token_id = EOS
         params.all_stop_token_ids = {EOS, *params.stop_token_ids}
         generator = None
