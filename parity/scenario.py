@@ -127,8 +127,13 @@ class ConfigSpec(_Strict):
 class Message(_Strict):
     """One chat message (serve tier)."""
 
-    role: Literal["system", "user", "assistant", "tool"] = Field(description="who speaks")
-    content: str | None = Field(default=None, description="the message text")
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="who speaks"
+    )
+    content: str | list[str | dict[str, Any]] | None = Field(
+        default=None,
+        description="the message text, or OpenAI content parts (e.g. {type: text, text: ...})",
+    )
     name: str | None = Field(default=None, description="optional speaker name")
     reasoning_content: str | None = Field(
         default=None, description="an earlier assistant turn's reasoning"
@@ -195,6 +200,14 @@ class RequestSpec(_Strict):
     include_reasoning: bool | None = _serve("chat: return the reasoning part")
     chat_template_kwargs: dict[str, Any] | None = _serve(
         "chat template variables, e.g. enable_thinking"
+    )
+    logit_bias: dict[str, float] | None = _serve("token id (as a string) -> bias added to logits")
+    bad_words: list[str] | None = _serve("words the output must not contain (vLLM extension)")
+    allowed_token_ids: list[NonNegativeInt] | None = _serve(
+        "the only token ids that may be sampled (vLLM extension)"
+    )
+    truncate_prompt_tokens: int | None = _serve(
+        "keep only the prompt's last N tokens (-1: max_model_len; vLLM extension)"
     )
 
 

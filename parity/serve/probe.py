@@ -37,6 +37,9 @@ FIELD_PROBES: dict[str, tuple[str, Any]] = {
     "skip_special_tokens": ("completions", True),
     "include_reasoning": ("chat", True),
     "chat_template_kwargs": ("chat", {}),
+    "bad_words": ("completions", []),
+    "allowed_token_ids": ("completions", None),
+    "truncate_prompt_tokens": ("completions", None),
 }
 
 

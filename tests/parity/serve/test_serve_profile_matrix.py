@@ -92,7 +92,8 @@ SHOWS: dict[str, set[str]] = {
     SIGTERM_IGNORED_WHILE_WEDGED: {WEDGE_LEG},  # survives SIGTERM, upstream exits
     # every scenario with a reasoning parser and a chat request that reasons
     REASONING_CONTENT_FIELD: {
-        "clamp-chat-default", "enable-thinking-false", "include-usage-stream", "logprobs-top5",
+        "chat-content-and-truncation", "clamp-chat-default", "enable-thinking-false",
+        "include-usage-stream", "logits-processors", "logprobs-top5",
         "reasoning-budget-enough", "reasoning-budget-short", "reasoning-budget-short-stream",
         "text-prompt-basics", "utf8-streaming",
     },
