@@ -14,7 +14,10 @@ from port_suite import check, run_port
 
 pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.long, pytest.mark.timeout(3300)]
 
-EXTENSIONS = ("ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output")
+EXTENSIONS = (
+    *("ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output"),
+    *("bad_words", "truncate_prompt_tokens"),
+)
 EXPECTED_UNSUPPORTED = [
     "target 'transformers-serve' has no scheduler tier (a server only)",
     "expect.min_preemptions reads vllm:num_preemptions, a vLLM extension the target does not",
