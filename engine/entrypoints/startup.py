@@ -33,6 +33,7 @@ from engine.entrypoints.openai.api_server import AppState
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_engine import ServingConfig
+from engine.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from engine.entrypoints.stats import LoggingStatLogger
 
 logger = logging.getLogger("engine.entrypoints.startup")
@@ -183,6 +184,7 @@ def _build(args: argparse.Namespace) -> AppState:
         config=config,
         completion=OpenAIServingCompletion(async_llm, serving_tokenizer, config),
         chat=OpenAIServingChat(async_llm, serving_tokenizer, config),
+        tokenization=OpenAIServingTokenization(async_llm, serving_tokenizer, config),
         metrics=metrics,
         log_stats_interval=0.0 if args.disable_log_stats else _log_interval(),
     )

@@ -440,3 +440,66 @@ def test_content_truncation_and_processors_answer_like_the_oracle(
     statuses = {answer[0] for answer in answers["oracle"]}
     assert statuses == {200, 400}, statuses  # both kinds of answer are exercised
     assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)
+
+
+# /tokenize and /detokenize (vllm/entrypoints/serve/tokenize/ at the pin): the whole answer
+# (status and JSON body) must equal the oracle's.
+_HI = [{"role": "user", "content": "hi"}]
+TOKENIZATION: list[tuple[str, dict[str, Any]]] = [
+    ("/tokenize", {"prompt": " 5 6"}),
+    ("/tokenize", {"prompt": " 5 6", "add_special_tokens": False, "return_token_strs": True}),
+    ("/tokenize", {"prompt": ""}),
+    ("/tokenize", {"prompt": " 5" * (MAX_MODEL_LEN + 20)}),  # no length limit
+    ("/tokenize", {"model": "nope", "prompt": "x"}),
+    ("/tokenize", {"model": "scripted", "prompt": "x", "extra_field": 1}),
+    ("/tokenize", {}),
+    ("/tokenize", {"prompt": 5}),
+    ("/tokenize", {"messages": [{"role": "user", "content": "<|answer:2|>"}]}),
+    ("/tokenize", {"messages": _HI, "add_generation_prompt": False, "return_token_strs": True}),
+    ("/tokenize", {"messages": _HI, "continue_final_message": True}),
+    (
+        "/tokenize",
+        {
+            "messages": [*_HI, {"role": "assistant", "content": " x"}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+    ),
+    ("/tokenize", {"messages": _HI, "add_special_tokens": True}),
+    ("/tokenize", {"messages": _HI, "chat_template": "x"}),
+    ("/tokenize", {"messages": _HI, "chat_template_kwargs": {"enable_thinking": False}}),
+    ("/tokenize", {"messages": []}),
+    ("/tokenize", {"prompt": "x", "messages": _HI}),
+    ("/tokenize", {"messages": [{"role": "developer", "content": " a"}]}),
+    ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("/detokenize", {"tokens": [389, 261, 262]}),
+    ("/detokenize", {"tokens": []}),
+    ("/detokenize", {"tokens": [389, 390, 395, 392]}),
+    ("/detokenize", {"tokens": [600]}),
+    ("/detokenize", {"tokens": [240, 159]}),
+    ("/detokenize", {"tokens": [-1]}),
+    ("/detokenize", {"tokens": [9999999999]}),
+    ("/detokenize", {"tokens": "x"}),
+    ("/detokenize", {}),
+    ("/detokenize", {"model": "nope", "tokens": [1]}),
+]
+
+
+@pytest.mark.timeout(300)
+def test_tokenize_and_detokenize_answer_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    for target, handle in servers.items():
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            answers[target] = [
+                (r.status_code, r.json())
+                for r in (client.post(handle.url + path, json=body) for path, body in TOKENIZATION)
+            ]
+    mismatches = [
+        f"{path} {json.dumps(body)[:160]}\n    engine {ours}\n    oracle {theirs}"
+        for (path, body), ours, theirs in zip(
+            TOKENIZATION, answers["engine"], answers["oracle"], strict=True
+        )
+        if ours != theirs
+    ]
+    assert {status for status, _ in answers["oracle"]} == {200, 400, 404}
+    assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)

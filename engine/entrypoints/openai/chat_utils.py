@@ -74,8 +74,14 @@ def check_request_template(request: ChatCompletionRequest, tool_parser: bool = F
         else:
             desc = f'"{choice}"'
         return f"tool_choice={desc} requires --tool-call-parser to be set"
-    kwargs = request.chat_template_kwargs
-    if request.chat_template is not None or (kwargs and kwargs.get("chat_template") is not None):
+    return untrusted_template_error(request.chat_template, request.chat_template_kwargs)
+
+
+def untrusted_template_error(
+    chat_template: str | None, kwargs: dict[str, Any] | None
+) -> str | None:
+    """A request's own chat template is refused (``validate_chat_template``), or None."""
+    if chat_template is not None or (kwargs and kwargs.get("chat_template") is not None):
         return (
             "Chat template is passed with request, but --trust-request-chat-template is not "
             "set. Refused request with untrusted chat template."

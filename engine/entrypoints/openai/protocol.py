@@ -14,14 +14,24 @@ stream chunks), so the bytes match.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    model_serializer,
+    model_validator,
+)
 
 from engine.entrypoints.openai.errors import VLLMValidationError
 
+logger = logging.getLogger(__name__)
 MAX_STOP_STRINGS = 4  # envs.VLLM_MAX_STOP_STRINGS default (vllm/envs.py:1159)
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -60,6 +70,24 @@ class OpenAIBaseModel(BaseModel):
     """Unknown request fields are accepted and ignored, as upstream."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class LoggedRequestModel(OpenAIBaseModel):
+    """A request model with upstream's wrap validator ``__log_extra_fields__`` (:44-76): it logs
+    the ignored fields at debug level and, being a wrap validator, names a union's branches
+    "function-wrap[...]" in pydantic's error locations, which the 400's ``param`` drops, where
+    a plain model is named by its class. Upstream has it on every model; here only on the
+    models of a request union (the tokenize requests), because it triples the cost of building
+    a response chunk."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def __log_extra_fields__(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        result = handler(data)
+        if isinstance(data, dict) and (extra := data.keys() - cls.model_fields.keys()):
+            logger.debug("The following fields were present in the request but ignored: %s",
+                         extra)  # fmt: skip
+        return result
 
 
 class ResponseFormat(OpenAIBaseModel):

@@ -22,6 +22,7 @@ from engine.entrypoints.openai.api_server import AppState, build_app
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from engine.entrypoints.openai.serving_engine import ServingConfig
+from engine.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from engine.entrypoints.startup import load_tokenizer
 from engine.sampling_params import SamplingParams
 
@@ -174,6 +175,7 @@ def test_dead_engine_fails_requests_and_health(tokenizer: Any) -> None:
         config=serving,
         completion=OpenAIServingCompletion(llm, tokenizer, serving),
         chat=OpenAIServingChat(llm, tokenizer, serving),
+        tokenization=OpenAIServingTokenization(llm, tokenizer, serving),
         metrics=PrometheusStatLogger("scripted", MAX_MODEL_LEN),
     )
     app = build_app(state)
