@@ -379,7 +379,8 @@ TRUNCATED: list[tuple[str, dict[str, Any]]] = [
     (CHAT, {"messages": [{"role": "user", "content": " 5" * 40}], "truncate_prompt_tokens": 20}),
 ]
 # Logits processors whose outcome the scripted model decides without ties (banning a token
-# leaves its runner-up " um"; two allowed tokens the count-down visits in order).
+# leaves its runner-up " um"; two allowed tokens the count-down visits in order: after the
+# second, the top token and " um" are both banned and the rest tie, so max_tokens stops there).
 PROCESSORS: list[dict[str, Any]] = [
     {"logit_bias": {"259": 100}},
     {"logit_bias": {"260": -100}, "logprobs": 2},
@@ -394,6 +395,12 @@ PROCESSORS: list[dict[str, Any]] = [
     {"bad_words": [" "]},
     {"bad_words": ["\u00e9\u00e9"]},
 ]
+CHAT_PROCESSORS: list[dict[str, Any]] = [
+    {"logit_bias": {"259": 100}},
+    {"allowed_token_ids": [259, 258], "max_tokens": 2},  # the count-down's own two tokens
+    {"bad_words": [" 2"]},
+    {"bad_words": ["1 0"], "n": 2},
+]
 
 
 def content_cases() -> list[tuple[str, dict[str, Any]]]:
@@ -403,8 +410,8 @@ def content_cases() -> list[tuple[str, dict[str, Any]]]:
     cases += [(CHAT, {"messages": messages}) for messages in CONVERSATIONS]
     cases += TRUNCATED
     cases += [(COMPLETIONS, {"prompt": " 5", **fields}) for fields in PROCESSORS]
-    messages = [{"role": "user", "content": "<|answer:4|>"}]
-    cases += [(CHAT, {"messages": messages, **fields}) for fields in PROCESSORS[::3]]
+    messages = [{"role": "user", "content": "<|answer:4|>"}]  # " 3 2 1 0"
+    cases += [(CHAT, {"messages": messages, **fields}) for fields in CHAT_PROCESSORS]
     return [
         (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
         for path, body in cases
