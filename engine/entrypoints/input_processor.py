@@ -61,7 +61,7 @@ class InputLimits:
             raise PromptValidationError(f"Token id {max(prompt_token_ids)} is out of vocabulary")
         params.resolve_max_tokens(prompt_len, limit)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
-        if self.tokenizer is not None and params.bad_words:
+        if self.tokenizer is not None:
             tokenizer = self.tokenizer
             params.update_from_tokenizer(
                 lambda text: tokenizer.encode(text, add_special_tokens=False), self.max_token_id

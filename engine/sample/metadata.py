@@ -10,7 +10,7 @@ Row conventions as upstream: temperature < 1e-5 is greedy (temperature stored as
 -1 or >= vocab means "off" (stored as vocab size); a tensor is None when no row uses it;
 ``logprobs == -1`` means the whole vocabulary. Bad words are read from
 ``params.bad_words_token_ids`` (upstream's property of the same name, filled by
-``update_from_tokenizer``); a params object without it bans nothing. min_tokens masks ``all_stop_token_ids``
+``update_from_tokenizer``; None bans nothing). min_tokens masks ``all_stop_token_ids``
 (``MinTokensLogitsProcessor``, builtin.py:195-206), which upstream fills with the stop token ids
 and the EOS id even under ``ignore_eos`` (sampling_params.py:781-784); the union with
 ``stop_token_ids`` and ``eos_token_id`` here only guards against a caller that left it empty.
@@ -98,9 +98,7 @@ class SamplingMetadata:
             logit_bias=_logit_bias(params),
             allowed_token_ids_mask=_allowed_mask(params, vocab_size),
             bad_words_token_ids={
-                row: list(words)
-                for row, p in enumerate(params)
-                if (words := getattr(p, "bad_words_token_ids", None))
+                row: list(words) for row, p in enumerate(params) if (words := p.bad_words_token_ids)
             },
             no_penalties=no_penalties,
         )

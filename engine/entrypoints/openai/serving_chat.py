@@ -38,8 +38,6 @@ from engine.entrypoints.openai.chat_protocol import (
 from engine.entrypoints.openai.chat_utils import (
     check_request_template,
     effective_chat_template_kwargs,
-    parse_messages,
-    render_chat,
 )
 from engine.entrypoints.openai.errors import ErrorResponse, create_error_response
 from engine.entrypoints.openai.legacy_reasoning import LegacyReasoningResponse, legacy_delta
@@ -111,9 +109,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> tuple[list[dict[str, Any]], PromptInput]:
         requested, param = request.requested_max_tokens()
         tok = self.tokenize_params(request, requested, param)
-        conversation = parse_messages(request.messages, self.config.model_name)
-        tools = [tool.model_dump() for tool in request.tools] if request.tools else None
-        text = render_chat(self.tokenizer, conversation, self.config.chat_template, kwargs, tools)
+        conversation, text = self.render_conversation(request.messages, request.tools, kwargs)
         ids = tok.check_tokens(self.tokenizer, tok.encode(self.tokenizer, text))
         return conversation, PromptInput(ids, text)
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.divergence import Deviations
+from engine.entrypoints.openai.chat_utils import parse_messages, render_chat
 from engine.entrypoints.openai.errors import (
     ErrorResponse,
     GenerationError,
@@ -129,6 +130,16 @@ class OpenAIServing:
     async def run_blocking(self, fn: Any, *args: Any) -> Any:
         """Run tokenization / chat templates off the event loop, one at a time."""
         return await asyncio.get_running_loop().run_in_executor(_tokenizer_executor(), fn, *args)
+
+    def render_conversation(
+        self, messages: list[Any], tools: list[Any] | None, kwargs: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Chat messages to the conversation and the prompt text the chat template makes of it
+        (blocking: run it in ``run_blocking``)."""
+        conversation = parse_messages(messages, self.config.model_name)
+        dumped = [tool.model_dump() for tool in tools] if tools else None
+        text = render_chat(self.tokenizer, conversation, self.config.chat_template, kwargs, dumped)
+        return conversation, text
 
     def check_model(self, model: str | None) -> ErrorResponse | None:
         if not model or model in self.config.served_model_names:

@@ -24,12 +24,7 @@ from engine.entrypoints.openai.chat_protocol import (
     ChatCompletionToolsParam,
     check_generation_prompt,
 )
-from engine.entrypoints.openai.chat_utils import (
-    merge_kwargs,
-    parse_messages,
-    render_chat,
-    untrusted_template_error,
-)
+from engine.entrypoints.openai.chat_utils import merge_kwargs, untrusted_template_error
 from engine.entrypoints.openai.errors import ErrorResponse, create_error_response
 from engine.entrypoints.openai.protocol import LoggedRequestModel, OpenAIBaseModel
 from engine.entrypoints.openai.serving_engine import OpenAIServing
@@ -108,11 +103,7 @@ class OpenAIServingTokenization(OpenAIServing):
                 self.config.default_chat_template_kwargs,
                 merge_kwargs(request.chat_template_kwargs, flags),
             )
-            tools = [tool.model_dump() for tool in request.tools] if request.tools else None
-            conversation = parse_messages(request.messages, self.config.model_name)
-            text = render_chat(
-                self.tokenizer, conversation, self.config.chat_template, kwargs, tools
-            )
+            _, text = self.render_conversation(request.messages, request.tools, kwargs)
         encoded = self.tokenizer(text, add_special_tokens=request.add_special_tokens)
         return list(encoded["input_ids"])
 
