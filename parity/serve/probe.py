@@ -40,6 +40,7 @@ FIELD_PROBES: dict[str, tuple[str, Any]] = {
     "bad_words": ("completions", []),
     "allowed_token_ids": ("completions", None),
     "truncate_prompt_tokens": ("completions", None),
+    "repetition_detection": ("completions", None),
 }
 
 

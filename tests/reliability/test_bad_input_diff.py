@@ -402,6 +402,35 @@ CHAT_PROCESSORS: list[dict[str, Any]] = [
     {"bad_words": ["1 0"], "n": 2},
 ]
 
+# repetition_detection on the " tick tock" loop: stops, misses, min_tokens, and every refusal
+# (upstream's dataclass checks; pydantic's type errors).
+REPETITION: list[dict[str, Any]] = [
+    {"max_pattern_size": 2, "min_count": 2},
+    {"max_pattern_size": 4, "min_pattern_size": 3, "min_count": 2},
+    {"max_pattern_size": 1, "min_count": 5},
+    {"max_pattern_size": 3, "min_count": 2, "unknown": 1},
+    {"max_pattern_size": 0},
+    {"max_pattern_size": 2},
+    {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2},
+    {"max_pattern_size": -1},
+    {"max_pattern_size": "x"},
+    {"min_count": 1.5},
+]
+
+
+def repetition_cases() -> list[tuple[str, dict[str, Any]]]:
+    loop = {"prompt": "<|loop|>", "max_tokens": 12}
+    cases = [(COMPLETIONS, {**loop, "repetition_detection": r}) for r in REPETITION]
+    cases += [
+        (COMPLETIONS, {**loop, "repetition_detection": [1]}),
+        (COMPLETIONS, {**loop, "min_tokens": 9, "repetition_detection": REPETITION[0]}),
+        (COMPLETIONS, {**loop, "n": 2, "temperature": 0.5, "seed": 3,
+                       "repetition_detection": REPETITION[0]}),
+        (CHAT, {"messages": [{"role": "user", "content": "<|loop|>"}], "max_tokens": 12,
+                "repetition_detection": REPETITION[2]}),
+    ]  # fmt: skip
+    return cases
+
 
 def content_cases() -> list[tuple[str, dict[str, Any]]]:
     cases = [
@@ -412,6 +441,7 @@ def content_cases() -> list[tuple[str, dict[str, Any]]]:
     cases += [(COMPLETIONS, {"prompt": " 5", **fields}) for fields in PROCESSORS]
     messages = [{"role": "user", "content": "<|answer:4|>"}]  # " 3 2 1 0"
     cases += [(CHAT, {"messages": messages, **fields}) for fields in CHAT_PROCESSORS]
+    cases += repetition_cases()
     return [
         (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
         for path, body in cases
@@ -425,7 +455,8 @@ def _rendered(response: httpx.Response) -> tuple[Any, ...]:
     prompt = body.get("prompt_token_ids") or body["choices"][0].get("prompt_token_ids")
     texts = [c.get("text", c.get("message")) for c in body["choices"]]
     logprobs = [c.get("logprobs") for c in body["choices"]]
-    return (200, prompt, texts, logprobs)
+    finished = [(c["finish_reason"], c["stop_reason"]) for c in body["choices"]]
+    return (200, prompt, texts, logprobs, finished)
 
 
 @pytest.mark.timeout(300)

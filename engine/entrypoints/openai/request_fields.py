@@ -18,9 +18,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from engine.entrypoints.openai.errors import VLLMValidationError
 from engine.entrypoints.openai.protocol import INT64_MAX, INT64_MIN, OpenAIBaseModel, random_uuid
+from engine.sampling_params import RepetitionDetectionParams, SamplingParamsError
+
+
+def _verified_repetition_detection(
+    value: RepetitionDetectionParams | None,
+) -> RepetitionDetectionParams | None:
+    """Upstream checks the dataclass in its ``__post_init__``, while the body is parsed, and
+    its ``VLLMValidationError`` (not a ``ValueError``) passes through pydantic unwrapped: a 400
+    with the bare message and no ``param``."""
+    if value is not None:
+        try:
+            value.verify()
+        except SamplingParamsError as e:
+            raise VLLMValidationError(e.message) from None
+    return value
 
 
 class SamplingParamsHead(OpenAIBaseModel):
@@ -58,4 +74,6 @@ class TransferParams(OpenAIBaseModel):
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
-    repetition_detection: dict[str, Any] | None = None
+    repetition_detection: Annotated[
+        RepetitionDetectionParams | None, AfterValidator(_verified_repetition_detection)
+    ] = None

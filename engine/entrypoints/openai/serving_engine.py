@@ -102,7 +102,6 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
     "logprob_token_ids": None,
     "structured_outputs": None,
-    "repetition_detection": None,
 }
 
 
@@ -262,6 +261,7 @@ class OpenAIServing:
                 allowed_token_ids=request.allowed_token_ids,
                 bad_words=request.bad_words,
                 extra_args=request.vllm_xargs or None,
+                repetition_detection=request.repetition_detection,
                 **values,
             )
         except SamplingParamsError as e:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from engine.core.sched.request_queue import FCFSRequestQueue, PriorityRequestQueue
-from engine.core.sched.utils import check_stop, remove_all
+from engine.core.sched.utils import check_sequence_repetition, check_stop, remove_all
 from engine.request import FinishReason, Request, RequestStatus, min_tokens_banned_ids
+from engine.sampling_params import RepetitionDetectionParams, SamplingParamsError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,6 +65,52 @@ def test_check_stop_order_and_reasons(factories: Any) -> None:
 def test_check_stop_ignores_min_tokens(factories: Any) -> None:
     stopped, _ = _stopped(factories, factories.EOS, min_tokens=3)
     assert stopped  # upstream masks EOS in the sampler, not in check_stop
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sizes", "found"),
+    [
+        ([1, 2, 1, 2], (2, 0, 2), True),  # a pair twice
+        ([1, 2, 1, 2], (1, 0, 2), False),  # no single token twice at the end
+        ([3, 1, 2, 1, 2], (3, 2, 2), True),  # size 2 inside the range
+        ([5, 5, 5], (1, 0, 3), True),
+        ([5, 5], (1, 0, 3), False),  # too short for three runs
+        ([1, 2, 2], (2, 0, 2), True),  # size 1 is tried first
+        ([9, 1, 2, 3, 1, 2, 3], (3, 0, 2), True),
+        ([1, 1, 2, 3, 1, 2, 3], (3, 2, 2), True),
+        # the search ends at the first size that cannot fit (upstream's loop), so a longer
+        # pattern is not reached: sizes 1 and 2 miss, size 3 needs 6 tokens, 5 are there
+        ([4, 1, 2, 1, 2], (3, 3, 2), False),
+        ([1, 2, 1, 2], (0, 0, 2), False),  # max_pattern_size 0 disables
+        ([1, 1], (1, 0, 1), False),  # min_count below 2 never matches
+    ],
+)
+def test_check_sequence_repetition(tokens: list[int], sizes: tuple[int, int, int],
+                                   found: bool) -> None:  # fmt: skip
+    params = RepetitionDetectionParams(*sizes)
+    assert check_sequence_repetition(tokens, params) is found
+
+
+def test_repetition_stops_after_min_tokens(factories: Any) -> None:
+    detection = RepetitionDetectionParams(max_pattern_size=1, min_count=2)
+    request = factories.make_request("a", [1], 10, min_tokens=3)
+    request.sampling_params.repetition_detection = detection
+    request.append_output_token_ids(7)
+    assert not check_stop(request, 100)
+    request.append_output_token_ids(7)
+    assert not check_stop(request, 100)  # repeated, but 2 < min_tokens
+    request.append_output_token_ids(7)
+    assert check_stop(request, 100)
+    assert request.get_finished_reason() == FinishReason.REPETITION
+    assert request.stop_reason == "repetition_detected"
+
+
+def test_repetition_detection_sizes_are_checked() -> None:
+    with pytest.raises(SamplingParamsError, match="min_pattern_size <= max_pattern_size"):
+        RepetitionDetectionParams(max_pattern_size=1, min_pattern_size=2).verify()
+    with pytest.raises(SamplingParamsError, match="min_count must be >= 2"):
+        RepetitionDetectionParams(max_pattern_size=1, min_count=1).verify()
+    RepetitionDetectionParams().verify()  # all zero: disabled, accepted
 
 
 def test_min_tokens_ban_includes_eos_even_under_ignore_eos(factories: Any) -> None:

@@ -90,12 +90,13 @@ SHOWS: dict[str, set[str]] = {
     },
     ABORT_UNSERVABLE: {WEDGE_LEG},  # HTTP 500 where upstream wedges
     SIGTERM_IGNORED_WHILE_WEDGED: {WEDGE_LEG},  # survives SIGTERM, upstream exits
-    # every scenario with a reasoning parser and a chat request that reasons
+    # every scenario with a reasoning parser and a chat request (the message's reasoning key
+    # is there, null or not)
     REASONING_CONTENT_FIELD: {
         "chat-content-and-truncation", "clamp-chat-default", "enable-thinking-false",
         "include-usage-stream", "logits-processors", "logprobs-top5",
         "reasoning-budget-enough", "reasoning-budget-short", "reasoning-budget-short-stream",
-        "text-prompt-basics", "utf8-streaming",
+        "stop-on-repetition", "text-prompt-basics", "utf8-streaming",
     },
 }  # fmt: skip
 # profile -> the engine target that shows it on the wedge leg (None: not run there)
