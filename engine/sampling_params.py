@@ -29,6 +29,7 @@ _SAMPLING_EPS = 1e-5  # sampling_params.py:29
 _MAX_TEMP = 1e-2  # sampling_params.py:30; smaller positive temperatures are raised to it
 DEFAULT_MAX_N_SEQUENCES = 16384  # envs.py:112 (VLLM_MAX_N_SEQUENCES)
 DEFAULT_MAX_LOGPROBS = 20  # config/model.py:282
+MAX_LOGPROB_TOKEN_IDS = 128  # sampling_params.py:32
 
 
 class SamplingParamsError(ValueError):
@@ -104,6 +105,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Logprobs of these ids (after the sampled token's) instead of the top ``logprobs``.
+    logprob_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -229,20 +232,61 @@ class SamplingParams:
             return SamplingType.GREEDY
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """Sample logprobs per output token: ``logprobs``, else ``len(logprob_token_ids)``
+        (sampling_params.py:884-892); None when neither is asked for."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
+
+    def _verify_logprobs_limit(self, name: str, kind: str, vocab_size: int, limit: int) -> None:
+        requested = getattr(self, name)
+        if requested:
+            requested = vocab_size if requested == -1 else requested
+            if requested > limit:
+                _fail(
+                    f"Requested {kind} logprobs of {requested}, "
+                    f"which is greater than max allowed: {limit}",
+                    name,
+                    requested,
+                )
+
+    def _verify_logprob_token_ids(self, vocab_size: int) -> None:
+        """sampling_params.py:936-967."""
+        ids = self.logprob_token_ids or []
+        n = len(ids)
+        if n > MAX_LOGPROB_TOKEN_IDS:
+            _fail(
+                f"Requested logprob_token_ids of length {n}, "
+                f"which is greater than max allowed: {MAX_LOGPROB_TOKEN_IDS}",
+                "logprob_token_ids",
+                n,
+            )
+        bad = [t for t in ids if t < 0 or t >= vocab_size]
+        if bad:
+            _fail(
+                f"token_id(s) {bad} in logprob_token_ids contain out-of-vocab token ids. "
+                f"Vocabulary size: {vocab_size}",
+                "logprob_token_ids",
+                bad,
+            )
+        if self.logprobs is not None and self.logprobs != n:
+            _fail(
+                f"When both logprobs and logprob_token_ids are set, "
+                f"logprobs must equal len(logprob_token_ids). Got "
+                f"logprobs={self.logprobs}, len(logprob_token_ids)={n}.",
+                "logprob_token_ids",
+                n,
+            )
+
     def verify(self, *, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> None:
         """The model-dependent checks the frontend runs (sampling_params.py:901-1180)."""
         limit = vocab_size if max_logprobs == -1 else max_logprobs
-        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            requested = getattr(self, name)
-            if requested:
-                requested = vocab_size if requested == -1 else requested
-                if requested > limit:
-                    _fail(
-                        f"Requested {kind} logprobs of {requested}, "
-                        f"which is greater than max allowed: {limit}",
-                        name,
-                        requested,
-                    )
+        self._verify_logprobs_limit("logprobs", "sample", vocab_size, limit)
+        if self.logprob_token_ids is not None:
+            self._verify_logprob_token_ids(vocab_size)
+        self._verify_logprobs_limit("prompt_logprobs", "prompt", vocab_size, limit)
         for name, ids in (("logit_bias", self.logit_bias), ("stop_token_ids", self.stop_token_ids)):
             bad = [t for t in ids or () if t < 0 or t >= vocab_size]
             if bad:

@@ -49,6 +49,7 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator]  # row -> seeded generator
     max_num_logprobs: int | None
     num_logprobs: list[int | None]  # per row, what the request asked for (-1 resolved)
+    logprob_token_ids: dict[int, list[int]]  # row -> the ids whose logprobs it asked for
     # (rows, token ids) to set to -inf: stop tokens of rows still under min_tokens
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, ids, biases
@@ -94,6 +95,9 @@ class SamplingMetadata:
             },
             max_num_logprobs=max(requested) if requested else None,
             num_logprobs=num_logprobs,
+            logprob_token_ids={
+                row: list(ids) for row, p in enumerate(params) if (ids := p.logprob_token_ids)
+            },
             min_tokens_mask=_min_tokens_mask(requests),
             logit_bias=_logit_bias(params),
             allowed_token_ids_mask=_allowed_mask(params, vocab_size),

@@ -14,7 +14,8 @@ in upstream's order (``Sampler`` docstring :23-59, ``forward`` :73-150):
    draw from the request's own generator for seeded rows, and the Gumbel-max kernel.
    Greedy rows keep the greedy token.
 4. ``gather_logprobs`` (:311-360): the sampled token's logprob and rank (the count of
-   logprobs >= its own, so 1 = best), followed by the top-``max_num_logprobs`` ids.
+   logprobs >= its own, so 1 = best), followed by the top-``max_num_logprobs`` ids; or, when
+   a row named ``logprob_token_ids``, ``gather_specific_logprobs`` for every row (:112-137).
 
 Upstream draws the unseeded rows' seeds from torch's global RNG; here they come from the
 sampler's own generator (seeded by the runner), so unseeded sampling is reproducible per engine
@@ -71,6 +72,30 @@ def gather_logprobs(
     )
 
 
+def gather_specific_logprobs(
+    logprobs: torch.Tensor, token_ids_by_row: dict[int, list[int]], sampled: torch.Tensor
+) -> LogprobsTensors:
+    """Each row's sampled token, then the ids it asked for (``gather_specific_token_logprobs``,
+    :153-226): every row gets ``1 + longest list`` columns, padding is token 0 at ``-inf``, and
+    rows that asked for no ids are padding after their sampled token."""
+    rows = logprobs.shape[0]
+    width = 1 + max(len(ids) for ids in token_ids_by_row.values())
+    token_ids = torch.zeros((rows, width), dtype=torch.int64)
+    valid = torch.zeros((rows, width), dtype=torch.bool)
+    valid[:, 0] = True
+    for row, ids in token_ids_by_row.items():
+        token_ids[row, 1 : 1 + len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        valid[row, 1 : 1 + len(ids)] = True
+    token_ids[:, 0] = sampled
+    gathered = logprobs.gather(-1, token_ids).masked_fill(~valid, float("-inf"))
+    sampled_logprobs = logprobs.gather(-1, sampled.to(torch.int64).unsqueeze(-1))
+    return LogprobsTensors(
+        logprob_token_ids=token_ids,
+        logprobs=gathered,
+        selected_token_ranks=(logprobs >= sampled_logprobs).sum(-1),
+    )
+
+
 class Sampler:
     """Stateless apart from the generator that seeds unseeded random rows."""
 
@@ -80,14 +105,21 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         raw_logprobs = None
-        if metadata.max_num_logprobs is not None:
+        if metadata.max_num_logprobs is not None or metadata.logprob_token_ids:
             raw_logprobs = compute_logprobs(logits)
         # A float32 copy: the processors below write in place, the caller's tensor stays intact.
         logits = logits.to(torch.float32, copy=True)
         logits = self.apply_logits_processors(logits, metadata)
         sampled = self.sample(logits, metadata)
         logprobs_tensors = None
-        if raw_logprobs is not None:
+        if metadata.logprob_token_ids:
+            # Upstream prefers the specific ids for the whole batch whenever a row asked for
+            # them, even rows that asked for a top-k (sampler.py:120-137).
+            assert raw_logprobs is not None
+            logprobs_tensors = gather_specific_logprobs(
+                raw_logprobs, metadata.logprob_token_ids, sampled
+            )
+        elif raw_logprobs is not None:
             assert metadata.max_num_logprobs is not None
             logprobs_tensors = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)

@@ -239,7 +239,7 @@ class ModelRunner:
             sampled_token_ranks=[0 for _ in states],
         )
         for row, i in enumerate(batch.sample_indices):
-            k = states[i].sampling_params.logprobs
+            k = states[i].sampling_params.num_logprobs
             if k is None:
                 continue
             width = len(ids[row]) if k == -1 else 1 + k

@@ -418,6 +418,34 @@ REPETITION: list[dict[str, Any]] = [
 ]
 
 
+# logprob_token_ids: the sampled token's logprob, then the named ids' (duplicates kept once),
+# in place of the top-k; and its refusals.
+LOGPROB_TOKEN_IDS: list[tuple[str, dict[str, Any]]] = [
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [259, 260]}),
+    (COMPLETIONS, {"logprobs": 0, "logprob_token_ids": [259, 259, 1]}),
+    (COMPLETIONS, {"logprobs": 3, "logprob_token_ids": []}),
+    (COMPLETIONS, {"logprob_token_ids": [259]}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [259, 600]}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": list(range(129))}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [1, 2], "echo": True}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [1], "echo": True, "max_tokens": 0}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [1], "use_beam_search": True}),
+    (COMPLETIONS, {"logprobs": 1, "logprob_token_ids": [258, 7], "n": 2, "temperature": 0.7,
+                   "seed": 5}),
+    (CHAT, {"logprobs": True, "logprob_token_ids": [259, 260]}),
+    (CHAT, {"logprobs": True, "top_logprobs": 5, "logprob_token_ids": [259]}),
+    (CHAT, {"logprobs": False, "logprob_token_ids": [259]}),
+]  # fmt: skip
+
+
+def logprob_token_ids_cases() -> list[tuple[str, dict[str, Any]]]:
+    prompts = {
+        COMPLETIONS: {"prompt": "<|answer:3|>"},
+        CHAT: {"messages": [{"role": "user", "content": "<|think:1|><|answer:3|>"}]},
+    }
+    return [(path, {**prompts[path], **fields}) for path, fields in LOGPROB_TOKEN_IDS]
+
+
 def repetition_cases() -> list[tuple[str, dict[str, Any]]]:
     loop = {"prompt": "<|loop|>", "max_tokens": 12}
     cases = [(COMPLETIONS, {**loop, "repetition_detection": r}) for r in REPETITION]
@@ -442,6 +470,7 @@ def content_cases() -> list[tuple[str, dict[str, Any]]]:
     messages = [{"role": "user", "content": "<|answer:4|>"}]  # " 3 2 1 0"
     cases += [(CHAT, {"messages": messages, **fields}) for fields in CHAT_PROCESSORS]
     cases += repetition_cases()
+    cases += logprob_token_ids_cases()
     return [
         (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
         for path, body in cases

@@ -370,8 +370,11 @@ class OpenAIServingChat(OpenAIServing):
         num_top: int | None,
         request: ChatCompletionRequest,
     ) -> ChatCompletionLogProbs:
-        """``_create_chat_logprobs``: the first ``top_logprobs`` entries of each position."""
+        """``_create_chat_logprobs``: the first ``top_logprobs`` entries of each position, or
+        every entry when the request named ``logprob_token_ids`` (``return_all``)."""
         as_id = bool(request.return_tokens_as_token_ids)
+        if request.logprob_token_ids:
+            num_top = -1
         content: list[ChatCompletionLogProbsContent] = []
         for i, token_id in enumerate(token_ids):
             position = top_logprobs[i]

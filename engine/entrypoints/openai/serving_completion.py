@@ -247,8 +247,11 @@ class OpenAIServingCompletion(OpenAIServing):
         initial_offset: int,
         request: CompletionRequest,
     ) -> CompletionLogProbs:
-        """``_create_completion_logprobs``: the top dict keeps ranks 0..num_top (num_top+1)."""
+        """``_create_completion_logprobs``: the top dict keeps ranks 0..num_top (num_top+1),
+        or every entry when the request named ``logprob_token_ids``."""
         as_id = bool(request.return_tokens_as_token_ids)
+        if request.logprob_token_ids:
+            num_top = -1
         offsets: list[int] = []
         token_lps: list[float | None] = []
         tokens: list[str] = []

@@ -100,7 +100,6 @@ class PromptInput:
 # Request fields this engine does not implement, and the value meaning "unused".
 UNSUPPORTED_FIELDS: dict[str, Any] = {
     "use_beam_search": False,
-    "logprob_token_ids": None,
     "structured_outputs": None,
 }
 
@@ -248,8 +247,9 @@ class OpenAIServing:
                 seed=request.seed,
                 stop=request.stop,
                 stop_token_ids=request.stop_token_ids,
-                logprobs=logprobs,
+                logprobs=None if request.logprob_token_ids else logprobs,
                 prompt_logprobs=prompt_logprobs,
+                logprob_token_ids=request.logprob_token_ids or None,
                 ignore_eos=request.ignore_eos,
                 max_tokens=max_tokens,
                 min_tokens=request.min_tokens,

@@ -133,6 +133,29 @@ def test_logprobs_are_raw_with_ranks(row, sample) -> None:
     assert lp.selected_token_ranks[1] == 2 and lp.selected_token_ranks[2] == 1
 
 
+def test_logprob_token_ids_replace_the_top_k_for_every_row(row, sample) -> None:
+    logits = torch.randn(3, 64)
+    rows = [
+        row(temperature=0.0, logprob_token_ids=[7, 9, 7]),
+        row(temperature=0.0, logprobs=2),  # a top-k row in the same batch: padding instead
+        row(temperature=0.0, logprob_token_ids=[11]),
+    ]
+    out = sample(logits, rows)
+    lp = out.logprobs_tensors
+    raw = torch.log_softmax(logits, -1)
+    sampled = out.sampled_token_ids
+    assert lp is not None and lp.logprob_token_ids.shape == (3, 4)  # sampled + longest list
+    assert lp.logprob_token_ids.tolist() == [
+        [sampled[0].item(), 7, 9, 7],
+        [sampled[1].item(), 0, 0, 0],
+        [sampled[2].item(), 11, 0, 0],
+    ]
+    assert torch.allclose(lp.logprobs[0], raw[0, [sampled[0].item(), 7, 9, 7]])
+    assert torch.isinf(lp.logprobs[1, 1:]).all() and torch.isinf(lp.logprobs[2, 2:]).all()
+    assert torch.equal(lp.selected_token_ranks, (raw >= raw.gather(1, sampled[:, None])).sum(-1))
+    assert rows[0].params.num_logprobs == 3 and rows[1].params.num_logprobs == 2
+
+
 def test_penalties_follow_openai_definitions(row) -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
     out = apply_penalties(
