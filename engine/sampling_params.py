@@ -107,6 +107,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # Logprobs of these ids (after the sampled token's) instead of the top ``logprobs``.
     logprob_token_ids: list[int] | None = None
+    # Thinking tokens before the end-of-reasoning marker is forced (-1: unlimited).
+    thinking_token_budget: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False

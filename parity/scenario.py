@@ -209,6 +209,10 @@ class RequestSpec(_Strict):
     truncate_prompt_tokens: int | None = _serve(
         "keep only the prompt's last N tokens (-1: max_model_len; vLLM extension)"
     )
+    thinking_token_budget: int | None = _serve(
+        "thinking tokens before the end-of-reasoning marker is forced (-1: unlimited; needs a "
+        "reasoning parser; vLLM extension)"
+    )
     repetition_detection: dict[str, int] | None = _serve(
         "stop when the output ends in a repeated N-gram: max_pattern_size, min_pattern_size, "
         "min_count (vLLM extension)"

@@ -125,7 +125,13 @@ def _build(args: argparse.Namespace) -> AppState:
     )
     for line in plan.log_lines:
         logger.info("%s", line)
-    engine = _build_engine(args, model_dir, dtype, plan, sched, deviations)
+    markers = None
+    if parser is not None:  # config/reasoning.py:69-124: the parser's strings, tokenized
+        markers = tuple(
+            serving_tokenizer.encode(marker, add_special_tokens=False)
+            for marker in (parser.start_token, parser.end_token)
+        )
+    engine = _build_engine(args, model_dir, dtype, plan, sched, deviations, markers)
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f s", time.monotonic() - start
     )
@@ -197,6 +203,7 @@ def _build_engine(
     plan: Any,
     sched: dict[str, Any],
     deviations: Deviations,
+    reasoning_markers: Any = None,
 ) -> EngineCore:
     import torch
 
@@ -220,6 +227,7 @@ def _build_engine(
         dtype=getattr(torch, dtype),
         max_model_len=plan.max_model_len,
         seed=args.seed,
+        reasoning_markers=reasoning_markers,
     )
     return EngineCore(config, runner, plan.num_blocks, max_model_len=plan.max_model_len)
 

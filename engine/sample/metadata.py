@@ -36,6 +36,7 @@ class SamplingRequest:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]  # tokens generated so far (before this step's)
     generator: torch.Generator | None = None  # set for seeded random requests
+    forced_token: int | None = None  # the thinking budget's end marker, when it is due
 
 
 @dataclass(slots=True)
@@ -50,6 +51,7 @@ class SamplingMetadata:
     max_num_logprobs: int | None
     num_logprobs: list[int | None]  # per row, what the request asked for (-1 resolved)
     logprob_token_ids: dict[int, list[int]]  # row -> the ids whose logprobs it asked for
+    forced_tokens: tuple[torch.Tensor, torch.Tensor] | None  # rows, the token each must take
     # (rows, token ids) to set to -inf: stop tokens of rows still under min_tokens
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None
     logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # rows, ids, biases
@@ -98,6 +100,7 @@ class SamplingMetadata:
             logprob_token_ids={
                 row: list(ids) for row, p in enumerate(params) if (ids := p.logprob_token_ids)
             },
+            forced_tokens=_forced_tokens(requests),
             min_tokens_mask=_min_tokens_mask(requests),
             logit_bias=_logit_bias(params),
             allowed_token_ids_mask=_allowed_mask(params, vocab_size),
@@ -114,6 +117,15 @@ class SamplingMetadata:
             meta.repetition_penalties = torch.tensor([p.repetition_penalty for p in params])
             meta.prompt_token_ids = [list(r.prompt_token_ids) for r in requests]
         return meta
+
+
+def _forced_tokens(
+    requests: Sequence[SamplingRequest],
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    forced = [(row, r.forced_token) for row, r in enumerate(requests) if r.forced_token is not None]
+    if not forced:
+        return None
+    return torch.tensor([r for r, _ in forced]), torch.tensor([t for _, t in forced])
 
 
 def _resolve(num: int | None, vocab_size: int) -> int | None:

@@ -6,7 +6,8 @@ in upstream's order (``Sampler`` docstring :23-59, ``forward`` :73-150):
 1. logprobs requested -> ``raw_logprobs``: log_softmax of the raw logits, the model config's
    default ``logprobs_mode`` (config/model.py:287), before any processing.
 2. logits to float32; allowed-token-ids mask; bad words; the non-argmax-invariant logits processors in
-   ``BUILTIN_LOGITS_PROCESSORS`` order (min_tokens, then logit_bias); penalties (:375-421).
+   ``BUILTIN_LOGITS_PROCESSORS`` order (min_tokens, then logit_bias); penalties; the thinking
+   budget's forced end marker at 1e9 (:375-421, ``engine/sample/thinking_budget.py``).
 3. ``sample`` (:247-305): greedy argmax unless every row is random; if every row is greedy,
    done. Otherwise temperature (greedy rows divided by 1.0), min_p (argmax-invariant), top-k /
    top-p (``apply_top_k_top_p``), then ``TopKTopPSampler.forward_cpu``
@@ -36,6 +37,7 @@ from engine.sample.ops import (
     apply_top_k_top_p,
     gumbel_argmax,
 )
+from engine.sample.thinking_budget import FORCED_LOGIT
 
 
 @dataclass(slots=True)
@@ -147,6 +149,8 @@ class Sampler:
                 metadata.frequency_penalties,
                 metadata.repetition_penalties,
             )
+        if metadata.forced_tokens is not None:  # the thinking budget, after the penalties
+            logits.index_put_(metadata.forced_tokens, torch.tensor(FORCED_LOGIT))
         return logits
 
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

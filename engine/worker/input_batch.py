@@ -18,6 +18,7 @@ import torch
 
 from engine.model_executor.attention import AttentionMetadata, PrefillSpan
 from engine.sample.sampler import LogprobsTensors
+from engine.sample.thinking_budget import ThinkingBudget
 from engine.sampling_params import SamplingParams
 
 
@@ -34,6 +35,7 @@ class CachedRequestState:
     output_token_ids: list[int] = field(default_factory=list)
     num_prompt_logprobs: int | None = None  # set while prompt logprobs are still owed
     in_progress_prompt_logprobs: LogprobsTensors | None = None
+    thinking: ThinkingBudget | None = None  # requests with a thinking_token_budget
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,8 @@ on resumption their block list is replaced and their tokens rebuilt), ``_prepare
 (``engine/worker/input_batch.py``), one batched forward over the paged KV cache, logits for the
 rows that sample only, the sampler, ``_bookkeeping_sync`` (:3468-3604: the runner appends the
 tokens it sampled, so the scheduler need not send them back) and ``_get_prompt_logprobs_dict``
-(:5306-5413).
+(:5306-5413). Each request with a ``thinking_token_budget`` has a ``ThinkingBudget``
+(``engine/sample/thinking_budget.py``) that names the token its next sample must be.
 
 Divergences (none visible to a client):
 - A partial prefill chunk computes no logits and draws nothing. Upstream samples the row, then
@@ -37,6 +38,7 @@ from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunner
 from engine.sample.metadata import SAMPLING_EPS, SamplingMetadata, SamplingRequest
 from engine.sample.sampler import LogprobsTensors, Sampler, SamplerOutput, compute_logprobs
 from engine.sample.sampler import gather_logprobs as gather
+from engine.sample.thinking_budget import ThinkingBudget
 from engine.worker.input_batch import (
     BatchInputs,
     CachedRequestState,
@@ -78,6 +80,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         seed: int = 0,
         num_threads: int | None = None,
+        reasoning_markers: tuple[list[int], list[int]] | None = None,
     ) -> None:
         torch.set_num_threads(num_threads or default_num_threads())
         self.model = load_model(model_dir, dtype)
@@ -98,6 +101,9 @@ class ModelRunner:
         self._zero_blocks([0])  # padding in decode block tables reads the null block
         self.requests: dict[str, CachedRequestState] = {}
         self.sampler = Sampler(seed)
+        # The reasoning parser's start and end markers as token ids (None: no parser, and
+        # thinking_token_budget is refused before it gets here).
+        self.reasoning_markers = reasoning_markers
 
     # ------------------------------------------------------------------ state updates
     def _zero_blocks(self, block_ids: list[int]) -> None:
@@ -132,6 +138,7 @@ class ModelRunner:
             block_ids=self._take_blocks(new.req_id, new.block_ids),
             num_computed_tokens=new.num_computed_tokens,
         )
+        state.thinking = self._thinking_budget(state)
         if params.prompt_logprobs is not None:
             k = params.prompt_logprobs
             state.num_prompt_logprobs = self.vocab_size if k == -1 else k
@@ -150,6 +157,7 @@ class ModelRunner:
             all_ids = cached.all_token_ids.get(req_id)
             if all_ids is not None:
                 state.output_token_ids = list(all_ids[len(state.prompt_token_ids) :])
+            state.thinking = self._thinking_budget(state)  # rebuilt, as upstream's batch state
         elif new_blocks:
             state.block_ids.extend(self._take_blocks(req_id, new_blocks))
         if index < len(cached.num_output_tokens):
@@ -159,6 +167,13 @@ class ModelRunner:
             extra = state.num_computed_tokens + len(new_ids) - state.num_tokens
             if extra > 0:
                 state.output_token_ids.extend(new_ids[-extra:])
+
+    def _thinking_budget(self, state: CachedRequestState) -> ThinkingBudget | None:
+        budget = state.sampling_params.thinking_token_budget
+        if budget is None or self.reasoning_markers is None:
+            return None
+        start_ids, end_ids = self.reasoning_markers
+        return ThinkingBudget(budget, start_ids, end_ids, state.prompt_token_ids)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
@@ -223,7 +238,13 @@ class ModelRunner:
     ) -> SamplerOutput:
         logits = self.model.compute_logits(hidden_states)
         requests = [
-            SamplingRequest(s.sampling_params, s.prompt_token_ids, s.output_token_ids, s.generator)
+            SamplingRequest(
+                s.sampling_params,
+                s.prompt_token_ids,
+                s.output_token_ids,
+                s.generator,
+                s.thinking.forced_token(s.output_token_ids) if s.thinking else None,
+            )
             for s in states
         ]
         return self.sampler(logits, SamplingMetadata.build(requests, self.vocab_size))

@@ -41,6 +41,7 @@ FIELD_PROBES: dict[str, tuple[str, Any]] = {
     "allowed_token_ids": ("completions", None),
     "truncate_prompt_tokens": ("completions", None),
     "repetition_detection": ("completions", None),
+    "thinking_token_budget": ("completions", None),
 }
 
 

@@ -446,6 +446,26 @@ def logprob_token_ids_cases() -> list[tuple[str, dict[str, Any]]]:
     return [(path, {**prompts[path], **fields}) for path, fields in LOGPROB_TOKEN_IDS]
 
 
+# thinking_token_budget: the forced </think> at every budget around the script's own length,
+# prompts already thinking (or done), sampling rows, logprobs of a forced token, and refusals.
+THINKING: list[tuple[str, dict[str, Any]]] = [
+    *((CHAT, {"messages": [{"role": "user", "content": "<|think:5|><|answer:3|>"}],
+              "thinking_token_budget": b}) for b in (0, 1, 4, 5, 6, -1, -2, 1.5, "x")),
+    *((COMPLETIONS, {"prompt": p, "thinking_token_budget": b})
+      for p in ("<think><|think:5|><|answer:3|>", "<think> a b </think><|think:4|><|answer:2|>",
+                "<think> a", "<|think:6|><|answer:2|>")
+      for b in (0, 2, 4)),
+    (COMPLETIONS, {"prompt": "<|think:6|><|answer:2|>", "thinking_token_budget": 2,
+                   "logprobs": 2}),
+    (COMPLETIONS, {"prompt": "<|think:6|><|answer:2|>", "thinking_token_budget": 1, "n": 2,
+                   "temperature": 0.9, "seed": 7}),
+    (COMPLETIONS, {"prompt": "<|think:6|><|answer:2|>", "thinking_token_budget": 2,
+                   "bad_words": ["</think>"]}),
+    (COMPLETIONS, {"prompt": "<|think:6|><|answer:2|>", "thinking_token_budget": 3,
+                   "min_tokens": 12}),
+]  # fmt: skip
+
+
 def repetition_cases() -> list[tuple[str, dict[str, Any]]]:
     loop = {"prompt": "<|loop|>", "max_tokens": 12}
     cases = [(COMPLETIONS, {**loop, "repetition_detection": r}) for r in REPETITION]
@@ -471,6 +491,7 @@ def content_cases() -> list[tuple[str, dict[str, Any]]]:
     cases += [(CHAT, {"messages": messages, **fields}) for fields in CHAT_PROCESSORS]
     cases += repetition_cases()
     cases += logprob_token_ids_cases()
+    cases += [(path, {**body, "max_tokens": 16}) for path, body in THINKING]
     return [
         (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
         for path, body in cases

@@ -169,10 +169,6 @@ class OpenAIServing:
                     "Please set --reasoning-parser and/or --reasoning-config to use "
                     "thinking_token_budget."
                 )
-            raise VLLMValidationError(
-                "`thinking_token_budget` is not supported by this engine.",
-                parameter="thinking_token_budget",
-            )
         for name, unused in UNSUPPORTED_FIELDS.items():
             value = getattr(request, name, unused)
             empty = isinstance(value, list | dict) and not value  # e.g. logit_bias {}
@@ -262,6 +258,7 @@ class OpenAIServing:
                 bad_words=request.bad_words,
                 extra_args=request.vllm_xargs or None,
                 repetition_detection=request.repetition_detection,
+                thinking_token_budget=request.thinking_token_budget,
                 **values,
             )
         except SamplingParamsError as e:

@@ -96,7 +96,7 @@ SHOWS: dict[str, set[str]] = {
         "chat-content-and-truncation", "clamp-chat-default", "enable-thinking-false",
         "include-usage-stream", "logits-processors", "logprobs-top5",
         "reasoning-budget-enough", "reasoning-budget-short", "reasoning-budget-short-stream",
-        "stop-on-repetition", "text-prompt-basics", "utf8-streaming",
+        "stop-on-repetition", "text-prompt-basics", "thinking-token-budget", "utf8-streaming",
     },
 }  # fmt: skip
 # profile -> the engine target that shows it on the wedge leg (None: not run there)
