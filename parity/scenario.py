@@ -209,6 +209,12 @@ class RequestSpec(_Strict):
     truncate_prompt_tokens: int | None = _serve(
         "keep only the prompt's last N tokens (-1: max_model_len; vLLM extension)"
     )
+    use_beam_search: bool | None = _serve(
+        "beam search with n beams instead of sampling (vLLM extension; not streamed)"
+    )
+    length_penalty: float | None = _serve(
+        "beam search: a beam's score is cum_logprob / length ** length_penalty (vLLM extension)"
+    )
     thinking_token_budget: int | None = _serve(
         "thinking tokens before the end-of-reasoning marker is forced (-1: unlimited; needs a "
         "reasoning parser; vLLM extension)"

@@ -167,7 +167,10 @@ class RequestState:
         self.detokenizer = IncrementalDetokenizer.from_new_request(
             tokenizer, request.request_id, request.prompt_token_ids, params
         )
-        self.logprobs = LogprobsProcessor(tokenizer, params.num_logprobs, params.prompt_logprobs)
+        # detokenize=False (a beam search round): logprobs carry no decoded tokens (:250-251)
+        self.logprobs = LogprobsProcessor(
+            tokenizer if params.detokenize else None, params.num_logprobs, params.prompt_logprobs
+        )
         self.num_cached_tokens: int | None = None
         self.is_prefilling = True
         self.stats = RequestStats(arrival_time=request.arrival_time, max_tokens=params.max_tokens)

@@ -42,6 +42,8 @@ FIELD_PROBES: dict[str, tuple[str, Any]] = {
     "truncate_prompt_tokens": ("completions", None),
     "repetition_detection": ("completions", None),
     "thinking_token_budget": ("completions", None),
+    "use_beam_search": ("completions", False),
+    "length_penalty": ("completions", 1.0),
 }
 
 

@@ -39,7 +39,7 @@ REQUEST_EXTENSIONS = (
     *("repetition_penalty", "include_stop_str_in_output", "skip_special_tokens"),
     *("return_token_ids", "include_reasoning", "chat_template_kwargs"),
     *("bad_words", "allowed_token_ids", "truncate_prompt_tokens", "repetition_detection"),
-    "thinking_token_budget",
+    *("thinking_token_budget", "use_beam_search", "length_penalty"),
 )
 CAPABILITIES = ("metrics", "debug_scheduler", *REQUEST_EXTENSIONS)
 # Placeholders a command, env value or cwd may use ({value} only in flags).

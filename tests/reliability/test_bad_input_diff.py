@@ -466,6 +466,25 @@ THINKING: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+# use_beam_search: widths, length penalty, EOS handling, logprobs of the chosen beams, the
+# refusals (stream, echo with logprobs, a width whose 2 * width logprobs pass the limit).
+_BEAM = {"use_beam_search": True, "max_tokens": 8}
+BEAM_SEARCH: list[tuple[str, dict[str, Any]]] = [
+    *((COMPLETIONS, {"prompt": "<|answer:5|>", "n": n, **_BEAM}) for n in (1, 2, 3, 5)),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "length_penalty": 0.3, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "ignore_eos": True, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "include_stop_str_in_output": True,
+                   **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "logprobs": 2, "temperature": 0, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|think:3|><|answer:1|>", "n": 3, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "stream": True, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 2, "echo": True, "logprobs": 1, **_BEAM}),
+    (COMPLETIONS, {"prompt": "<|answer:5|>", "n": 11, **_BEAM}),
+    (CHAT, {"messages": [{"role": "user", "content": "<|think:2|><|answer:3|>"}], "n": 3,
+            "logprobs": True, "top_logprobs": 2, **_BEAM}),
+]  # fmt: skip
+
+
 def repetition_cases() -> list[tuple[str, dict[str, Any]]]:
     loop = {"prompt": "<|loop|>", "max_tokens": 12}
     cases = [(COMPLETIONS, {**loop, "repetition_detection": r}) for r in REPETITION]
@@ -492,6 +511,7 @@ def content_cases() -> list[tuple[str, dict[str, Any]]]:
     cases += repetition_cases()
     cases += logprob_token_ids_cases()
     cases += [(path, {**body, "max_tokens": 16}) for path, body in THINKING]
+    cases += BEAM_SEARCH
     return [
         (path, {"model": "scripted", "max_tokens": 4, "return_token_ids": True, **body})
         for path, body in cases
@@ -506,7 +526,7 @@ def _rendered(response: httpx.Response) -> tuple[Any, ...]:
     texts = [c.get("text", c.get("message")) for c in body["choices"]]
     logprobs = [c.get("logprobs") for c in body["choices"]]
     finished = [(c["finish_reason"], c["stop_reason"]) for c in body["choices"]]
-    return (200, prompt, texts, logprobs, finished)
+    return (200, prompt, texts, logprobs, finished, body["usage"])
 
 
 @pytest.mark.timeout(300)

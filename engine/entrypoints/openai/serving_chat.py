@@ -98,8 +98,13 @@ class OpenAIServingChat(OpenAIServing):
         if prompt_logprobs is None and request.echo:
             prompt_logprobs = request.top_logprobs
         logprobs = request.top_logprobs if request.logprobs else None
-        params = self.make_sampling_params(request, max_tokens, logprobs, prompt_logprobs)
-        results = self.generate(prompt, params, request_id, request)
+        results = self.generate_or_beam_search(
+            prompt,
+            request,
+            max_tokens,
+            request_id,
+            lambda: self.make_sampling_params(request, max_tokens, logprobs, prompt_logprobs),
+        )
         if request.stream:
             return self.stream(request, results, request_id, conversation)
         return await self.full_response(request, results, request_id, conversation)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
 from engine.async_llm import RequestOutput
@@ -63,10 +64,22 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = self.max_tokens_for(
                 request.max_tokens, len(prompt.token_ids), request.truncate_prompt_tokens
             )
-            params = self.make_sampling_params(
-                request, 1 if echo_only else max_tokens, request.logprobs, prompt_logprobs
+            tokens = 1 if echo_only else max_tokens
+            generators.append(
+                self.generate_or_beam_search(
+                    prompt,
+                    request,
+                    tokens,
+                    f"{request_id}-{i}",
+                    partial(
+                        self.make_sampling_params,
+                        request,
+                        tokens,
+                        request.logprobs,
+                        prompt_logprobs,
+                    ),
+                )
             )
-            generators.append(self.generate(prompt, params, f"{request_id}-{i}", request))
         results = merge_async_iterators(*generators)
         if request.stream:
             return self.stream(request, prompts, results, request_id, created)

@@ -23,16 +23,19 @@ port.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.divergence import Deviations
+from engine.entrypoints.openai.beam_search import BeamSearchParams, beam_search
 from engine.entrypoints.openai.chat_utils import parse_messages, render_chat
 from engine.entrypoints.openai.errors import (
     ErrorResponse,
@@ -97,9 +100,11 @@ class PromptInput:
     text: str | None = None
 
 
+# What a beam search round's engine request reads from "its" HTTP request.
+_NOT_STREAMED = SimpleNamespace(stream=False, priority=0)
+
 # Request fields this engine does not implement, and the value meaning "unused".
 UNSUPPORTED_FIELDS: dict[str, Any] = {
-    "use_beam_search": False,
     "structured_outputs": None,
 }
 
@@ -280,6 +285,39 @@ class OpenAIServing:
                 yield output
         except SamplingParamsError as e:
             raise as_validation_error(e) from None
+
+    def generate_or_beam_search(
+        self,
+        prompt: PromptInput,
+        request: Any,
+        max_tokens: int,
+        request_id: str,
+        params: Callable[[], SamplingParams],
+    ) -> AsyncIterator[Any]:
+        """The request's outputs: one engine request with ``params()``, or with
+        ``use_beam_search`` a beam search (``engine/entrypoints/openai/beam_search.py``), whose
+        parameters are the request's own and which builds no ``SamplingParams`` for it."""
+        if not request.use_beam_search:
+            return self.generate(prompt, params(), request_id, request)
+        defaults = self.config.default_sampling_params
+        try:
+            beam = BeamSearchParams.from_request(request, max_tokens, defaults)
+        except SamplingParamsError as e:
+            raise as_validation_error(e) from None
+        return beam_search(
+            self._final_output, self.tokenizer, prompt.token_ids, prompt.text, request_id, beam
+        )
+
+    async def _final_output(
+        self, token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> Any:
+        """One non-streaming engine request's final output (a beam search round)."""
+        final = None
+        async for output in self.generate(
+            PromptInput(token_ids), copy.copy(params), request_id, _NOT_STREAMED
+        ):
+            final = output
+        return final
 
     def usage_info(
         self,
