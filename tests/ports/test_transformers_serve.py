@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.server, pytest.mark.oracle, pytest.mark.long, pytest.m
 EXTENSIONS = (
     *("ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output"),
     *("bad_words", "truncate_prompt_tokens", "repetition_detection", "thinking_token_budget"),
-    "use_beam_search",
 )
 EXPECTED_UNSUPPORTED = [
     "target 'transformers-serve' has no scheduler tier (a server only)",

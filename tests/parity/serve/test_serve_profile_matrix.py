@@ -93,7 +93,7 @@ SHOWS: dict[str, set[str]] = {
     # every scenario with a reasoning parser and a chat request (the message's reasoning key
     # is there, null or not)
     REASONING_CONTENT_FIELD: {
-        "beam-search", "chat-content-and-truncation", "clamp-chat-default", "enable-thinking-false",
+        "chat-content-and-truncation", "clamp-chat-default", "enable-thinking-false",
         "include-usage-stream", "logits-processors", "logprobs-top5",
         "reasoning-budget-enough", "reasoning-budget-short", "reasoning-budget-short-stream",
         "stop-on-repetition", "text-prompt-basics", "thinking-token-budget", "utf8-streaming",
