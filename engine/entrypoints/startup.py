@@ -127,9 +127,9 @@ def _build(args: argparse.Namespace) -> AppState:
         logger.info("%s", line)
     markers = None
     if parser is not None:  # config/reasoning.py:69-124: the parser's strings, tokenized
-        markers = tuple(
-            serving_tokenizer.encode(marker, add_special_tokens=False)
-            for marker in (parser.start_token, parser.end_token)
+        markers = (
+            serving_tokenizer.encode(parser.start_token, add_special_tokens=False),
+            serving_tokenizer.encode(parser.end_token, add_special_tokens=False),
         )
     engine = _build_engine(args, model_dir, dtype, plan, sched, deviations, markers)
     logger.info(
@@ -203,7 +203,7 @@ def _build_engine(
     plan: Any,
     sched: dict[str, Any],
     deviations: Deviations,
-    reasoning_markers: Any = None,
+    reasoning_markers: tuple[list[int], list[int]] | None = None,
 ) -> EngineCore:
     import torch
 

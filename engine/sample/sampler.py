@@ -66,12 +66,16 @@ def gather_logprobs(
     topk_logprobs, topk_indices = torch.topk(logprobs, num_logprobs, dim=-1)
     token_ids = token_ids.to(torch.int64).unsqueeze(-1)
     token_logprobs = logprobs.gather(-1, token_ids)
-    ranks = (logprobs >= token_logprobs).sum(-1)
     return LogprobsTensors(
         logprob_token_ids=torch.cat((token_ids, topk_indices), dim=1),
         logprobs=torch.cat((token_logprobs, topk_logprobs), dim=1),
-        selected_token_ranks=ranks,
+        selected_token_ranks=_ranks(logprobs, token_logprobs),
     )
+
+
+def _ranks(logprobs: torch.Tensor, token_logprobs: torch.Tensor) -> torch.Tensor:
+    """Each row's count of logprobs >= its token's ([rows, 1]): 1 is the best."""
+    return (logprobs >= token_logprobs).sum(-1)
 
 
 def gather_specific_logprobs(
@@ -89,12 +93,11 @@ def gather_specific_logprobs(
         token_ids[row, 1 : 1 + len(ids)] = torch.tensor(ids, dtype=torch.int64)
         valid[row, 1 : 1 + len(ids)] = True
     token_ids[:, 0] = sampled
-    gathered = logprobs.gather(-1, token_ids).masked_fill(~valid, float("-inf"))
-    sampled_logprobs = logprobs.gather(-1, sampled.to(torch.int64).unsqueeze(-1))
+    gathered = logprobs.gather(-1, token_ids)
     return LogprobsTensors(
         logprob_token_ids=token_ids,
-        logprobs=gathered,
-        selected_token_ranks=(logprobs >= sampled_logprobs).sum(-1),
+        logprobs=gathered.masked_fill(~valid, float("-inf")),
+        selected_token_ranks=_ranks(logprobs, gathered[:, :1]),
     )
 
 

@@ -34,11 +34,11 @@ FORCED_LOGIT = 1e9
 
 def last_index(tokens: Sequence[int], marker: Sequence[int]) -> int:
     """Index of the last occurrence of ``marker`` in ``tokens``, or -1."""
-    width = len(marker)
+    width, wanted = len(marker), list(marker)
     if not width:
         return -1
     for i in range(len(tokens) - width, -1, -1):
-        if list(tokens[i : i + width]) == list(marker):
+        if list(tokens[i : i + width]) == wanted:
             return i
     return -1
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from engine.entrypoints.logprobs import Logprob
 from engine.entrypoints.output_processor import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams, _verify_num_sequences
+from engine.sampling_params import SamplingParams, verify_num_sequences
 
 Generate = Callable[[list[int], SamplingParams, str], Awaitable[RequestOutput]]
 
@@ -47,7 +47,7 @@ class BeamSearchParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        _verify_num_sequences(self.beam_width, "beam_width")
+        verify_num_sequences(self.beam_width, "beam_width")
 
     @classmethod
     def from_request(

@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from engine.async_llm import AsyncLLM, EngineDeadError
@@ -99,9 +98,6 @@ class PromptInput:
     token_ids: list[int]
     text: str | None = None
 
-
-# What a beam search round's engine request reads from "its" HTTP request.
-_NOT_STREAMED = SimpleNamespace(stream=False, priority=0)
 
 # Request fields this engine does not implement, and the value meaning "unused".
 UNSUPPORTED_FIELDS: dict[str, Any] = {
@@ -271,7 +267,13 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ generation
     async def generate(
-        self, prompt: PromptInput, params: SamplingParams, request_id: str, request: Any
+        self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        request_id: str,
+        *,
+        stream: bool = False,
+        priority: int = 0,
     ) -> AsyncIterator[Any]:
         try:
             async for output in self.engine.generate(
@@ -279,8 +281,8 @@ class OpenAIServing:
                 params,
                 request_id,
                 prompt=prompt.text,
-                stream=bool(request.stream),
-                priority=request.priority,
+                stream=stream,
+                priority=priority,
             ):
                 yield output
         except SamplingParamsError as e:
@@ -298,7 +300,13 @@ class OpenAIServing:
         ``use_beam_search`` a beam search (``engine/entrypoints/openai/beam_search.py``), whose
         parameters are the request's own and which builds no ``SamplingParams`` for it."""
         if not request.use_beam_search:
-            return self.generate(prompt, params(), request_id, request)
+            return self.generate(
+                prompt,
+                params(),
+                request_id,
+                stream=bool(request.stream),
+                priority=request.priority,
+            )
         defaults = self.config.default_sampling_params
         try:
             beam = BeamSearchParams.from_request(request, max_tokens, defaults)
@@ -313,9 +321,7 @@ class OpenAIServing:
     ) -> Any:
         """One non-streaming engine request's final output (a beam search round)."""
         final = None
-        async for output in self.generate(
-            PromptInput(token_ids), copy.copy(params), request_id, _NOT_STREAMED
-        ):
+        async for output in self.generate(PromptInput(token_ids), copy.copy(params), request_id):
             final = output
         return final
 
