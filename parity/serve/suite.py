@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from parity.serve.probe import missing
 from parity.serve.run import ServeRun, run_serve
 from parity.serve.spec import ServeLimits, ServerConfig, ServeRequestSpec, from_scenario
 from parity.serve.targets import TargetSpec, parse_targets, unsupported_reason
+from parity.signatures.sampling import DRAWN_FIELDS, draws_unseeded
 
 # on_event(scenario id, target label, phase): phase is "starting" (a server is starting for
 # this scenario's group), "running" or "done".
@@ -135,7 +136,8 @@ def may_share(plan: ServePlan) -> bool:
     emptied since) gives this plan what a new server would: the model is the scripted one
     (greedy in effect at any temperature it allows: docs/scripted-model.md), or every request is
     greedy or seeded. A request that samples without a seed draws from the server's own
-    generator, which earlier runs have moved on."""
+    generator, which earlier runs have moved on (where a logits processor leaves the scripted
+    model near-equal logits, the draws are confirmed on fresh servers: ``unseeded_draws``)."""
     if plan.config.model_dir.name == SCRIPTED:
         return True
     return all(
@@ -314,11 +316,11 @@ SERVED = ("completed", "http_error")
 
 
 def suspect(result: ScenarioResult) -> list[str]:
-    """The one-sided timing differences of a result, which a busy machine can cause: a request
-    that stalled or timed out on one target while the other served it, a server that did not
-    answer ``/health`` within its startup bound, a ``timing`` divergence, or an ``expect:
-    outcome`` a stall or timeout missed. Empty: nothing to
-    confirm."""
+    """The differences of a result a rerun must confirm: the one-sided timing differences a
+    busy machine can cause (a request that stalled or timed out on one target while the other
+    served it, a server that did not answer ``/health`` within its startup bound, a ``timing``
+    divergence, an ``expect: outcome`` a stall or timeout missed), and different draws of an
+    unseeded sampled request (``unseeded_draws``). Empty: nothing to confirm."""
     found: list[str] = []
     for d in result.divergences:
         one_sided = d.path.endswith(".outcome") and (
@@ -333,12 +335,40 @@ def suspect(result: ScenarioResult) -> list[str]:
     for f in result.expect_failures:
         if f.path.startswith("expect.outcome") and f.actual in TIMING_OUTCOMES:
             found.append(f"{f.target}: {f.path}: expected {f.expected}, got {f.actual}")
+    return found + unseeded_draws(result)
+
+
+def unseeded_draws(result: ScenarioResult) -> list[str]:
+    """Drawn fields (``DRAWN_FIELDS``: tokens, text, logprobs, finish) that differ for a
+    request both targets sampled from their own generator (``draws_unseeded``). Each server
+    seeds that generator once at startup and every unseeded request of a step draws from it,
+    so what a request gets depends on which requests shared its steps: on arrival timing, not
+    only on the server. Such a difference is reported only if a rerun on fresh servers gives
+    it again, value for value (``confirmed``)."""
+    bodies: dict[str, list[Mapping[str, Any]]] = {}
+    for run in result.runs:
+        if isinstance(run, ServeRun):
+            for obs in run.observations:
+                bodies.setdefault(obs.request_id, []).append(obs.request_body)
+    found: list[str] = []
+    for d in result.divergences:
+        parts = d.path.split(".")
+        if len(parts) < 3 or parts[0] != "requests" or not (set(parts[2:]) & DRAWN_FIELDS):
+            continue
+        seen = bodies.get(parts[1], [])
+        if len(seen) >= 2 and all(draws_unseeded(body) for body in seen):
+            found.append(_described(d))
     return found
+
+
+def _described(d: Divergence) -> str:
+    return f"{d.path}: {d.left_target}={d.left} {d.right_target}={d.right}"
 
 
 def confirmed(first: ScenarioResult, again: ScenarioResult) -> ScenarioResult:
     """The rerun's result, with the first attempt as evidence; ``flaky`` when the rerun does
-    not show the first attempt's timing differences (they did not reproduce)."""
+    not reproduce the first attempt's suspects: no timing difference this time, and no
+    unseeded draw that differs exactly as it did (the same path and both values)."""
     reasons = suspect(first)
     attempt = Attempt(
         runs=tuple(run for run in first.runs if isinstance(run, ServeRun)),
@@ -347,14 +377,25 @@ def confirmed(first: ScenarioResult, again: ScenarioResult) -> ScenarioResult:
         suspects=tuple(reasons),
         load=load_now(),
     )
-    flaky = not suspect(again)
-    verdict = again.verdict
+    draws_again = set(unseeded_draws(again))
+    timing_again = [s for s in suspect(again) if s not in draws_again]
+    flaky = not timing_again and not (draws_again & set(unseeded_draws(first)))
+    status, verdict = again.status, again.verdict
+    if flaky and draws_again:  # the rerun drew otherwise again: no finding in either draw
+        kept = tuple(d for d in again.divergences if _described(d) not in draws_again)
+        ran = [run for run in again.runs if isinstance(run, ServeRun) and run.unsupported is None]
+        described = ran[0].describe() if ran else "no targets"
+        status, verdict = compared_verdict(
+            kept, again.expect_failures, [run.target for run in ran], described
+        )
+        again = replace(again, divergences=kept)
     if flaky:
         verdict = f"flaky: {reasons[0]} on the first attempt, not on fresh servers; {verdict}"
     else:
         verdict = f"{verdict} (reproduced on fresh servers)"
     return replace(
         again,
+        status=status,
         verdict=verdict,
         attempts=(attempt, *again.attempts),
         flaky=flaky,

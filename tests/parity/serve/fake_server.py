@@ -13,6 +13,9 @@ string picks a behaviour:
 - ``generate``: non-streaming: 4 s of "generation" (the token counter moves), then the body;
 - ``drip``: streaming: one token every 0.3 s, forever;
 - ``slow``: non-streaming: 2 s of silence (its metrics say the request runs), then the body;
+- ``draw``: non-streaming: one "sampled" token, ``t<K>`` (id 100 + K): K is ``--draw K``, or a
+  new random number for every request with ``--draw random`` (a server whose unseeded draws
+  depend on more than the request, as a real one's do on which requests shared its steps);
 - ``busy``: like ``hang``, but its metrics say the request is running (a slow server, not a
   wedged one: the harness waits out its confirmation window before it calls a stall).
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import signal
 import sys
 
@@ -47,6 +51,7 @@ WEDGED_MODES = ("hang", "headers-hang", "stall")
 FLAGS: dict[str, str] = {}
 ARGV: list[str] = []
 STRICT = {"on": False}
+DRAW: dict[str, str] = {"k": "0"}  # --draw
 STANDARD_FIELDS = frozenset(
     {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream"}
     | {"stream_options", "temperature", "top_p", "n", "stop", "seed", "logprobs"}
@@ -112,6 +117,12 @@ async def _answer(writer: asyncio.StreamWriter, mode: object, stream: bool) -> N
         for _ in range(20):
             await asyncio.sleep(0.2)
             COUNTERS["generation"] += 1
+    if mode == "draw":
+        k = secrets.randbelow(10**9) if DRAW["k"] == "random" else int(DRAW["k"])
+        choice = {"index": 0, "text": f" t{k}", "finish_reason": "length", "token_ids": [100 + k]}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        await _send_json(writer, 200, {"choices": [choice], "usage": usage})
+        return
     if not stream:
         choice = {"index": 0, "text": " t0 t1", "finish_reason": "length"}
         if not STRICT["on"]:
@@ -220,6 +231,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--draw", default="0")
     parser.add_argument("--slow-exit", type=float, default=None)
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--ignore-sigterm-once", metavar="MARKER", default=None)
@@ -231,6 +243,7 @@ if __name__ == "__main__":
         except FileExistsError:
             pass
     STRICT["on"] = args.strict
+    DRAW["k"] = args.draw
     ARGV.extend(sys.argv[1:])
     for i, word in enumerate(rest):
         if word.startswith("--") and i + 1 < len(rest) and not rest[i + 1].startswith("--"):

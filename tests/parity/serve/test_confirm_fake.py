@@ -115,3 +115,59 @@ def test_a_stall_that_does_not_reproduce_on_fresh_servers_is_flaky(tmp_path: Pat
     verdicts = {f.verdict for f in report.findings}
     assert Verdict.FLAKY in verdicts and Verdict.NEW not in verdicts
     assert report.exit_code == 0
+
+
+DRAW_SCENARIO = """\
+id: unseeded-draw
+description: one sampled token, no seed
+tier: serve
+requests:
+  - {{id: r1, endpoint: completions, prompt: draw, max_tokens: 1{extra}}}
+limits: {{stall_s: 5.0, request_timeout_s: 30}}
+"""
+
+
+def _draw(tmp_path: Path, left: str, right: str, extra: str = ""):
+    scenario = parse_scenario(DRAW_SCENARIO.format(extra=extra), "d.yaml", stem="unseeded-draw")
+    targets = [fake_target("--draw", left), fake_target("--draw", right)]
+    with ServerPool(tmp_path / "logs") as pool:
+        (result,) = run_serve_scenarios([scenario], targets, pool=pool)
+    report = classify([result], Ledger("(none)", (), ()), {scenario.id: scenario})
+    return result, report
+
+
+@pytest.mark.timeout(120)
+def test_an_unseeded_draw_that_changes_on_fresh_servers_is_flaky(tmp_path: Path) -> None:
+    # one side draws anew on every request (as a real server's unseeded draws depend on which
+    # requests shared its steps), the other always draws t0
+    result, report = _draw(tmp_path, "random", "0")
+    assert result.flaky and result.status is Status.PASS, result.verdict
+    (first,) = result.attempts
+    assert first.suspects and first.suspects[0].startswith("requests.r1."), first.suspects
+    texts = [o.result.text for run in (*first.runs, *result.runs) for o in run.observations]
+    assert texts[1] == texts[3] == " t0" and texts[0] != texts[2], texts  # it drew again
+    assert not result.divergences  # neither draw is a finding
+    verdicts = {f.verdict for f in report.findings}
+    assert Verdict.FLAKY in verdicts and Verdict.NEW not in verdicts
+    assert report.exit_code == 0
+
+
+@pytest.mark.timeout(120)
+def test_an_unseeded_draw_that_reproduces_is_new_with_the_sampling_signature(
+    tmp_path: Path,
+) -> None:
+    result, report = _draw(tmp_path, "1", "2")  # each server draws the same every time
+    assert not result.flaky and result.status is Status.DIVERGENCE, result.verdict
+    assert len(result.attempts) == 1 and "reproduced on fresh servers" in result.verdict
+    new = [f for f in report.findings if f.verdict is Verdict.NEW]
+    assert new and {f.signature for f in new} == {"sampling"}, [f.describe() for f in new]
+    assert any("no seed" in (f.rule or "") for f in new), [f.rule for f in new]
+
+
+@pytest.mark.timeout(120)
+def test_a_greedy_or_seeded_draw_is_not_rerun(tmp_path: Path) -> None:
+    for extra, signature in ((", temperature: 0", "other"), (", seed: 3", "sampling")):
+        result, report = _draw(tmp_path / signature, "1", "2", extra)
+        assert not result.attempts and result.status is Status.DIVERGENCE, result.verdict
+        new = [f for f in report.findings if f.verdict is Verdict.NEW]
+        assert new and {f.signature for f in new} == {signature}, [f.describe() for f in new]
