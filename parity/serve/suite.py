@@ -51,6 +51,7 @@ from parity.serve.probe import missing
 from parity.serve.run import ServeRun, run_serve
 from parity.serve.spec import ServeLimits, ServerConfig, ServeRequestSpec, from_scenario
 from parity.serve.targets import TargetSpec, parse_targets, unsupported_reason
+from parity.signatures import Signature, SignatureContext, classify_divergence
 from parity.signatures.sampling import DRAWN_FIELDS, draws_unseeded
 
 # on_event(scenario id, target label, phase): phase is "starting" (a server is starting for
@@ -339,15 +340,18 @@ def suspect(result: ScenarioResult) -> list[str]:
 
 
 def unseeded_draws(result: ScenarioResult) -> list[str]:
-    """Drawn fields (``DRAWN_FIELDS``: tokens, text, logprobs, finish) that differ for a
-    request both targets sampled from their own generator (``draws_unseeded``). Each server
-    seeds that generator once at startup and every unseeded request of a step draws from it,
-    so what a request gets depends on which requests shared its steps: on arrival timing, not
-    only on the server. Such a difference is reported only if a rerun on fresh servers gives
-    it again, value for value (``confirmed``)."""
+    """Drawn fields (``DRAWN_FIELDS``: tokens, text, logprobs, finish) that differ, with no
+    signature rule to explain them (``other``), for a request both targets sampled from their
+    own generator (``draws_unseeded``). Each server seeds that generator once at startup and
+    every unseeded request of a step draws from it, so what a request gets depends on which
+    requests shared its steps: on arrival timing, not only on the server. Such a difference
+    is reported only if a rerun on fresh servers gives it again, value for value
+    (``confirmed``); one a rule explains (a clamp, a reasoning split) is not a draw."""
     bodies: dict[str, list[Mapping[str, Any]]] = {}
+    runs: dict[str, ServeRun] = {}
     for run in result.runs:
         if isinstance(run, ServeRun):
+            runs[run.target] = run
             for obs in run.observations:
                 bodies.setdefault(obs.request_id, []).append(obs.request_body)
     found: list[str] = []
@@ -356,7 +360,10 @@ def unseeded_draws(result: ScenarioResult) -> list[str]:
         if len(parts) < 3 or parts[0] != "requests" or not (set(parts[2:]) & DRAWN_FIELDS):
             continue
         seen = bodies.get(parts[1], [])
-        if len(seen) >= 2 and all(draws_unseeded(body) for body in seen):
+        if len(seen) < 2 or not all(draws_unseeded(body) for body in seen):
+            continue
+        context = SignatureContext.build(None, runs.get(d.left_target), runs.get(d.right_target))
+        if classify_divergence(d, context).signature is Signature.OTHER:
             found.append(_described(d))
     return found
 

@@ -77,11 +77,9 @@ Numbers: ``bs`` = ``config.block_size`` (default 16), ``N`` = ``config.num_gpu_b
    landed while one server's engine was starting or dead).
 10. ``sampling``: a request path through a drawn field (``token_ids``, ``text``, ``content``,
    ``logprobs``, ``finish_reason``, ``stop_reason``, token counts, ``frames``, ``choices``) of
-   a request that draws: a ``seed`` (the scenario's, else both request bodies') and a
-   temperature that is not 0, or no seed at all on both sides (unset or non-zero temperature,
-   no ``top_k`` 1, no beam search: the server's own generator); both sides ``completed``, the
-   same prompt (scenario prompt ids, else both sides' prompt ids or prompt token count), and
-   some choice's tokens (ids, else text) differ.
+   a request with a ``seed`` (the scenario's, else both request bodies') and a temperature
+   that is not 0, both sides ``completed``, the same prompt (scenario prompt ids, else both
+   sides' prompt ids or prompt token count), and some choice's tokens (ids, else text) differ.
 11. ``prefill_chunking``: a ``steps[i].num_scheduled_tokens.<request>`` path where one side
    scheduled exactly ``config.long_prefill_token_threshold`` (> 0) tokens and the other more
    (at most P): one release caps a prefill chunk that the other computes whole.

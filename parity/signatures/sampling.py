@@ -1,12 +1,8 @@
-"""Rule 10: ``sampling``, a sampled request both sides completed from the same prompt with
+"""Rule 10: ``sampling``, a seeded request both sides completed from the same prompt with
 different tokens (see ``parity.signatures`` for the rule). Upstream draws with one generator
 per seeded request (``v1/sample/ops/topk_topp_sampler.py``, ``v1/worker/gpu_input_batch.py``),
 so which tokens a seed gives depends on the release's sampler and on the model's logits; the
-same seed on two releases need not give the same tokens. A request without a seed draws from
-the server's own generator (seeded once at startup, ``--seed`` 0 by default), shared by every
-unseeded request of a step: what it draws depends on which requests share its steps, so on
-arrival timing. The serve tier confirms such a difference on fresh servers before it is
-reported (``parity.serve.suite.suspect``).
+same seed on two releases need not give the same tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ DRAWN_FIELDS = frozenset(
     | {"num_token_frames", "frames", "choices", "other_choices"}
 )
 COMPLETED = frozenset({"completed", "finished"})
-UNSEEDED = "unseeded"  # what _seed gives for a request that draws from the server's generator
 
 
 def sampling(f: Facts) -> str | None:
@@ -41,15 +36,15 @@ def sampling(f: Facts) -> str | None:
     drawn = [_choices(obs) for obs in observed]
     if drawn[0] == drawn[1] or not all(drawn):
         return None
-    if seed == UNSEEDED:
-        return "D: no seed (each server's own generator), same prompt, both completed, different tokens"
     return f"D: seed {seed}, same prompt, both completed, different tokens"
 
 
 def draws_unseeded(body: Mapping[str, Any]) -> bool:
     """A request body that samples from the server's own generator: no ``seed``, a temperature
     that is not 0 (unset: the server's default, 1.0 at the pin without a model default), no
-    ``top_k`` 1 and no beam search (neither draws)."""
+    ``top_k`` 1 and no beam search (neither draws). Such draws depend on which requests shared
+    the server's steps; the serve tier confirms a difference in them on fresh servers
+    (``parity.serve.suite.unseeded_draws``) and this rule leaves them alone."""
     return (
         body.get("seed") is None
         and as_number(body.get("temperature")) != 0
@@ -59,9 +54,8 @@ def draws_unseeded(body: Mapping[str, Any]) -> bool:
 
 
 def _seed(f: Facts, rid: str) -> Any:
-    """How the request draws: its seed (scenario spec, else both sides' request bodies alike),
-    ``UNSEEDED`` when both bodies draw unseeded (``draws_unseeded``), None when it does not draw
-    (temperature 0: the seed draws nothing)."""
+    """The request's seed (scenario spec, else both sides' request bodies alike) unless the
+    request is greedy (temperature 0: the seed draws nothing)."""
     spec = f.spec(rid)
     bodies = [f.observation(side, rid).get("request_body") or {} for side in f.sides]
     seed = spec.get("seed")
@@ -71,11 +65,8 @@ def _seed(f: Facts, rid: str) -> Any:
     temperature = spec.get("temperature")
     if temperature is None and isinstance(bodies[0], Mapping):
         temperature = bodies[0].get("temperature")
-    if as_number(temperature) == 0:
+    if seed is None or as_number(temperature) == 0:
         return None
-    if seed is None:
-        unseeded = all(isinstance(b, Mapping) and draws_unseeded(b) for b in bodies)
-        return UNSEEDED if unseeded and as_number(spec.get("top_k")) != 1 else None
     return seed
 
 

@@ -116,23 +116,14 @@ def test_real_seeded_sampling_differs_between_releases(name: str) -> None:
     fixture = load(name)
     found = request_signatures(fixture)
     assert found and set(found.values()) == {"sampling"}
-    # the same runs without a seed anywhere: draws of each server's own generator, still
-    # sampling (the serve tier reports them only once a rerun on fresh servers repeats them)
+    # the same runs without a seed anywhere: nothing says the draws should have agreed
     unseeded = copy.deepcopy(fixture)
     for request in unseeded["scenario"]["requests"]:
         request.pop("seed", None)
     for run in unseeded["runs"]:
         for item in run["observations"]:
             item.get("request_body", {}).pop("seed", None)
-    assert set(request_signatures(unseeded).values()) == {"sampling"}
-    # and greedy (temperature 0): nothing was drawn, so other tokens are not the sampler's
-    greedy = copy.deepcopy(unseeded)
-    for request in greedy["scenario"]["requests"]:
-        request["temperature"] = 0
-    for run in greedy["runs"]:
-        for item in run["observations"]:
-            item.setdefault("request_body", {})["temperature"] = 0
-    assert "sampling" not in request_signatures(greedy).values()
+    assert "sampling" not in request_signatures(unseeded).values()
 
 
 # -- capacity_overhang: 0.28.0 counts the null block as usable --------------------------------
