@@ -189,6 +189,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     sys.stdout.write(format_details(failing, divergences=args.verbose))
     sys.stdout.write(format_findings(ledger_report, verbose=args.verbose, paths=args.verbose))
     sys.stdout.write(format_summary(results, elapsed))
+    if session is not None and session.machine is not None:
+        ahead = session.configs_ahead
+        sys.stdout.write(
+            f"servers started {ahead} config(s) ahead at a time ({session.machine.describe()})\n"
+        )
     report = RunReport(
         tier=args.tier,
         targets=tuple(specs),

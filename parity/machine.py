@@ -38,7 +38,7 @@ def load_now() -> LoadSample:
 
 # A fixed amount of pure-Python work: about 0.45 s on one core of the machine this was written on.
 SPEED_LOOP_N = 5_000_000
-SPEED_START_DELAY_S = 1.0  # the side-by-side loops start together, after every process is up
+SPEED_START_DELAY_S = 0.3  # the side-by-side loops start together, after every process is up
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +76,76 @@ def _speed_loop(start_at: float | None = None) -> float:
     return time.perf_counter() - began
 
 
+# The loop for the side-by-side processes: a bare interpreter (``-S``: no site packages) that
+# waits for the shared start instant, runs ``_speed_loop``'s loop (in a function, as there:
+# locals, not module globals) and prints its time.
+_LOOP_SCRIPT = """
+import sys, time
+def loop(n):
+    total = 0
+    for i in range(n):
+        total += i
+start_at, n = float(sys.argv[1]), int(sys.argv[2])
+time.sleep(max(0.0, start_at - time.time()))
+began = time.perf_counter()
+loop(n)
+print(time.perf_counter() - began)
+"""
+
+
 def machine_speed(timeout_s: float = 60.0) -> MachineSpeed:
     """Time ``SPEED_LOOP_N`` iterations in this process, then in ``cpus`` fresh processes at
-    once (bounded by ``timeout_s``; processes that do not finish are terminated)."""
-    import multiprocessing
+    once (bounded by ``timeout_s``; processes still running then are killed). About 0.6 s on
+    an idle 2-core machine."""
+    import subprocess
+    import sys
 
     alone = _speed_loop()
     processes = max(1, os.cpu_count() or 1)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes) as pool:
-        pool.map(_speed_loop, [None] * processes)  # every worker up and importing nothing more
-        start_at = time.time() + SPEED_START_DELAY_S
-        result = pool.map_async(_speed_loop, [start_at] * processes, chunksize=1)
-        times = result.get(timeout=timeout_s)
+    start_at = time.time() + SPEED_START_DELAY_S
+    argv = [sys.executable, "-S", "-c", _LOOP_SCRIPT, repr(start_at), str(SPEED_LOOP_N)]
+    children = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for _ in range(processes)
+    ]
+    deadline = time.monotonic() + timeout_s
+    times: list[float] = []
+    try:
+        for child in children:
+            out, _ = child.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            times.append(float(out))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=5.0)
     return MachineSpeed(round(alone, 3), round(max(times), 3), processes)
+
+
+_RECENT: list[tuple[float, MachineSpeed]] = []  # (when, what): this process's last measurement
+RECENT_S = 300.0
+
+
+def recent_machine_speed() -> MachineSpeed:
+    """``machine_speed()``, measured again only when this process's last measurement is more
+    than ``RECENT_S`` old (a test session runs many short suites)."""
+    now = time.monotonic()
+    if not _RECENT or now - _RECENT[-1][0] > RECENT_S:
+        _RECENT[:] = [(now, machine_speed())]
+    return _RECENT[-1][1]
+
+
+# Below this many cores' worth, two CPU-bound server starts side by side take longer than the
+# same two one after the other (docs/oracle-on-cpu.md: 43-49 s each against 18 s alone at 1.25
+# cores' worth; 34-35 s each against 23-25 s alone at 1.83).
+SIDE_BY_SIDE_MIN_CORES = 1.6
+
+
+def side_by_side_starts(speed: MachineSpeed) -> int:
+    """How many CPU-bound server starts (an oracle's is three interpreters importing torch
+    and vLLM, one after the other) to keep going at once on a machine measured as ``speed``:
+    one below ``SIDE_BY_SIDE_MIN_CORES`` cores' worth, else about one per core's worth."""
+    cores = speed.effective_cores
+    if cores < SIDE_BY_SIDE_MIN_CORES:
+        return 1
+    return max(1, int(cores + 0.4))

@@ -13,6 +13,7 @@ failure the soak finds becomes an explicit ``@example`` on its test, so CI keeps
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -127,10 +128,16 @@ def _broker_line(config: pytest.Config) -> str | None:
     except BrokerError as exc:
         return f"server broker: no status ({exc})"
     labels = sorted({s["label"] for s in status["servers"]})
-    return (
+    lines = [
         f"server broker: {status['started']} server(s) started, {status['lent']} lease(s) "
         f"granted ({', '.join(labels) or 'none held now'})"
-    )
+    ]
+    for name, counts in sorted(status.get("tally", {}).items()):
+        told = ", ".join(f"{event} {n}" for event, n in sorted(counts.items()))
+        command = status.get("recipes", {}).get(name, "")
+        flags = command[command.find(" --") + 1 :] if " --" in command else command
+        lines.append(f"  {name}: {told}: {flags[:150]}")
+    return "\n".join(lines)
 
 
 def _model_dir(variant: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -195,8 +202,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         write(f"{sum(times):8.1f} s  {len(times):5d} tests  {folder}")
     write(f"{sum(_TIMES.values()):8.1f} s  {len(_TIMES):5d} tests  (sum)")
     broker = _broker_line(terminalreporter.config)
-    if broker:
-        write(broker)
+    for line in (broker or "").splitlines():
+        write(line)
+    if os.environ.get("PARITY_TEST_TIMES"):  # every test's time, for a closer look
+        Path(os.environ["PARITY_TEST_TIMES"]).write_text(json.dumps(_TIMES, indent=1))
     workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
     write(f"{time.monotonic() - _BEGAN:8.1f} s  wall time ({workers} worker(s))")
     if sum(_TIMES.values()) > 60:  # a run long enough to be compared with another day's

@@ -109,6 +109,11 @@ class Broker:
         self.closed = False
         self.started = 0  # servers started, and leases granted: for the status line
         self.lent = 0
+        # per server label: how many were started, lent (new or again), stopped after a lease
+        # (not clean), and stopped idle to make room (the least recently used): for the
+        # status, so a run can say where its starts went
+        self.tally: dict[str, dict[str, int]] = {}
+        self.recipes: dict[str, str] = {}  # the same names: each one's command line
 
     # -- leasing ---------------------------------------------------------------------------
     def lease(self, start: StartRecipe) -> Copy:
@@ -130,7 +135,9 @@ class Broker:
                 self._cond.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             while picked.state == "starting":  # bounded: the start's own bound
                 self._cond.wait(timeout=1.0)
-            self.lent += picked.state == "leased"
+            if picked.state == "leased":
+                self.lent += 1
+                self._count(picked, "lent")
             return picked
 
     def _pick(self, copies: list[Copy]) -> Copy | None:
@@ -161,6 +168,7 @@ class Broker:
         with self._cond:
             if not clean or self.closed:
                 copy.state = "gone"
+                self._count(copy, "unclean" if not clean else "closed")
             else:
                 copy.state, copy.leases, copy.last_used = "idle", copy.leases + 1, time.monotonic()
             self._cond.notify_all()
@@ -174,6 +182,7 @@ class Broker:
         copy = Copy(next(self._ids), start.key, start, claimed=claimed)
         self._copies.setdefault(start.key, []).append(copy)
         self.started += 1
+        self._count(copy, "started")
         threading.Thread(target=self._start, args=(copy,), daemon=True).start()
         return copy
 
@@ -237,7 +246,15 @@ class Broker:
             if copy.state != "idle":
                 return
             copy.state = "gone"
+            self._count(copy, "evicted")
         self._stop(copy)
+
+    def _count(self, copy: Copy, event: str) -> None:
+        """One more ``event`` for the copy's label (called with the lock held)."""
+        name = f"{copy.recipe.label} {copy.key}"
+        self.recipes.setdefault(name, " ".join(copy.recipe.argv))
+        counts = self.tally.setdefault(name, {})
+        counts[event] = counts.get(event, 0) + 1
 
     def status(self) -> dict[str, Any]:
         with self._cond:
@@ -246,6 +263,8 @@ class Broker:
                 "ok": True,
                 "started": self.started,
                 "lent": self.lent,
+                "tally": {name: dict(counts) for name, counts in self.tally.items()},
+                "recipes": dict(self.recipes),
                 "servers": [
                     {"copy": c.id, "label": c.recipe.label, "state": c.state, "leases": c.leases}
                     for c in copies

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from parity._judge import diff_and_check
-from parity.machine import load_now
+from parity.machine import MachineSpeed, load_now, recent_machine_speed, side_by_side_starts
 from parity.process import CANNOT_RUN
 from parity.results import (
     Attempt,
@@ -184,11 +184,14 @@ def run_serve_scenarios(
 class ServeSession:
     """The serve tier of one run: every server it needs is known up front (one per target and
     server config, in run order), so the next ones start while the current config's scenarios
-    run (``ServerPool.prestart``: the next as many servers of the run as the machine has CPUs,
-    only while there is memory for another). ``begin`` starts the first ones early, e.g. while
-    the scheduler tier runs. On 2 cores that keeps one oracle start going at a time beside the
-    engine's; keeping two oracle starts going at once made the default suite slower (163 s
-    against 122 s: two side by side took 43-49 s each, one alone 18 s; docs/oracle-on-cpu.md).
+    run (``ServerPool.prestart``: every target's server of the next config, or of the next
+    several where the machine starts servers side by side faster than in turn, only while
+    there is memory for another). ``begin`` starts the first ones early, e.g. while the
+    scheduler tier runs. How many configs ahead is measured, not assumed
+    (``parity.machine.side_by_side_starts``): on a 2-core machine that gave 1.25 cores' worth,
+    two oracle starts at once made the default suite slower (163 s against 122 s: 43-49 s
+    each, one alone 18 s); on one that gave 1.83-1.99, faster (132-151 s against 168-181 s).
+    docs/oracle-on-cpu.md has both.
     """
 
     def __init__(
@@ -214,6 +217,8 @@ class ServeSession:
             if any(not_run_reason(self.specs, spec, plan) is None for plan in group)
         ]
         self._done = 0
+        self._configs_ahead: int | None = None
+        self.machine: MachineSpeed | None = None  # measured for the lookahead, if it was
 
     def begin(self) -> None:
         """Start the first servers of the run in the background."""
@@ -245,9 +250,25 @@ class ServeSession:
                 break
         self._prestart()
 
+    def _ahead(self) -> int:
+        """How many of the run's next servers to have started: every target's server of as
+        many configs as the machine starts side by side faster than in turn (measured once,
+        before the first start, when the run has more than one config)."""
+        if self._configs_ahead is None:
+            self._configs_ahead = 1
+            if len(self.groups) > 1:
+                speed = recent_machine_speed()
+                self._configs_ahead = side_by_side_starts(speed)
+                self.machine = speed
+        return self._configs_ahead * len(self.specs)
+
+    @property
+    def configs_ahead(self) -> int:
+        """How many configs' servers were kept started ahead (1 until measured)."""
+        return self._configs_ahead or 1
+
     def _prestart(self) -> None:
-        ahead = self.pool.max_parallel_starts
-        for spec, group in self.jobs[self._done : self._done + ahead]:
+        for spec, group in self.jobs[self._done : self._done + self._ahead()]:
             if not room_for_a_server():
                 return
             timeout = max(plan.limits.startup_timeout_s for plan in group)

@@ -7,7 +7,14 @@ import os
 
 import pytest
 
-from parity.machine import LoadSample, MachineSpeed, load_now, machine_speed
+from parity.machine import (
+    LoadSample,
+    MachineSpeed,
+    load_now,
+    machine_speed,
+    recent_machine_speed,
+    side_by_side_starts,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,3 +40,31 @@ def test_effective_cores_is_work_done_per_core_time() -> None:
     # each twice as slow: one core's worth (two processes time-sharing one core)
     assert MachineSpeed(0.5, 1.0, 2).effective_cores == 1.0
     assert MachineSpeed(0.5, 0.0, 2).effective_cores == 0.0
+
+
+def test_side_by_side_starts_follows_the_measured_cores() -> None:
+    # the two 2-core machines of docs/oracle-on-cpu.md: one start at a time on the first,
+    # two at once on the second
+    assert side_by_side_starts(MachineSpeed(0.9, 1.44, 2)) == 1  # 1.25 cores' worth
+    assert side_by_side_starts(MachineSpeed(0.13, 0.142, 2)) == 2  # 1.83
+    assert side_by_side_starts(MachineSpeed(0.14, 0.14, 2)) == 2
+    assert side_by_side_starts(MachineSpeed(0.14, 0.28, 2)) == 1  # one core's worth (or busy)
+    assert side_by_side_starts(MachineSpeed(0.1, 0.1, 8)) == 8
+    assert side_by_side_starts(MachineSpeed(0.1, 0.0, 2)) == 1  # nothing measured
+
+
+def test_a_recent_measurement_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import parity.machine as machine
+
+    calls: list[int] = []
+
+    def measured() -> MachineSpeed:
+        calls.append(1)
+        return MachineSpeed(0.1, 0.1 * len(calls), 2)
+
+    monkeypatch.setattr(machine, "machine_speed", measured)
+    monkeypatch.setattr(machine, "_RECENT", [])
+    first = recent_machine_speed()
+    assert recent_machine_speed() is first and len(calls) == 1
+    monkeypatch.setattr(machine, "RECENT_S", 0.0)
+    assert recent_machine_speed() != first and len(calls) == 2

@@ -63,3 +63,38 @@ def test_a_session_knows_its_servers_up_front_and_starts_the_first_early(tmp_pat
         assert [r.status.value for r in results] == ["pass"] * 3
         # one start per (target, config): the prestarted ones were adopted, not duplicated
         assert len(list((tmp_path / "logs").glob("*.log"))) == 4
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("cores", "configs_ahead"), [(1.25, 1), (1.9, 2)])
+def test_how_many_configs_start_ahead_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: float, configs_ahead: int
+) -> None:
+    import parity.serve.suite as suite
+    from parity.machine import MachineSpeed
+
+    speed = MachineSpeed(0.1, round(0.2 / cores, 4), 2)
+    monkeypatch.setattr(suite, "recent_machine_speed", lambda: speed)
+    scenarios = [_scenario("a", 32), _scenario("b", 64), _scenario("c", 128)]
+    with ServerPool(tmp_path / "logs") as pool:
+        session = ServeSession(scenarios, [fake_target(), fake_target()], pool=pool)
+        assert session.machine is None  # nothing measured before the first start
+        session.begin()
+        assert session.configs_ahead == configs_ahead and session.machine == speed
+        # every target's server of that many configs was asked for, no more
+        deadline = time.monotonic() + 60
+        while pool.starting() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(list((tmp_path / "logs").glob("*.log"))) == 2 * configs_ahead
+        results = session.run()
+        assert [r.status.value for r in results] == ["pass"] * 3
+        assert len(list((tmp_path / "logs").glob("*.log"))) == 6  # one start per server
+
+
+def test_a_run_of_one_config_measures_nothing(tmp_path: Path) -> None:
+    session = ServeSession([_scenario("a", 32)], [fake_target(), fake_target()])
+    try:
+        session.begin()
+        assert session.machine is None and session.configs_ahead == 1
+    finally:
+        session.close()
