@@ -38,7 +38,7 @@ def load_now() -> LoadSample:
 
 # A fixed amount of pure-Python work: about 0.45 s on one core of the machine this was written on.
 SPEED_LOOP_N = 5_000_000
-SPEED_START_DELAY_S = 0.3  # the side-by-side loops start together, after every process is up
+SPEED_START_DELAY_S = 0.5  # the side-by-side loops start together, after every process is up
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,34 +76,24 @@ def _speed_loop(start_at: float | None = None) -> float:
     return time.perf_counter() - began
 
 
-# The loop for the side-by-side processes: a bare interpreter (``-S``: no site packages) that
-# waits for the shared start instant, runs ``_speed_loop``'s loop (in a function, as there:
-# locals, not module globals) and prints its time.
-_LOOP_SCRIPT = """
-import sys, time
-def loop(n):
-    total = 0
-    for i in range(n):
-        total += i
-start_at, n = float(sys.argv[1]), int(sys.argv[2])
-time.sleep(max(0.0, start_at - time.time()))
-began = time.perf_counter()
-loop(n)
-print(time.perf_counter() - began)
-"""
+# The side-by-side processes: fresh interpreters that run ``_speed_loop`` itself from the shared
+# start instant and print its time.
+_LOOP_SCRIPT = (
+    "import sys; from parity.machine import _speed_loop; print(_speed_loop(float(sys.argv[1])))"
+)
 
 
 def machine_speed(timeout_s: float = 60.0) -> MachineSpeed:
     """Time ``SPEED_LOOP_N`` iterations in this process, then in ``cpus`` fresh processes at
-    once (bounded by ``timeout_s``; processes still running then are killed). About 0.6 s on
-    an idle 2-core machine."""
+    once (bounded by ``timeout_s``; processes still running then are killed). About 1 s on an
+    idle 2-core machine."""
     import subprocess
     import sys
 
     alone = _speed_loop()
     processes = max(1, os.cpu_count() or 1)
     start_at = time.time() + SPEED_START_DELAY_S
-    argv = [sys.executable, "-S", "-c", _LOOP_SCRIPT, repr(start_at), str(SPEED_LOOP_N)]
+    argv = [sys.executable, "-c", _LOOP_SCRIPT, repr(start_at)]
     children = [
         subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         for _ in range(processes)

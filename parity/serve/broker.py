@@ -107,11 +107,9 @@ class Broker:
         self._ids = itertools.count(1)
         self._logs = itertools.count(1)
         self.closed = False
-        self.started = 0  # servers started, and leases granted: for the status line
-        self.lent = 0
-        # per server label: how many were started, lent (new or again), stopped after a lease
-        # (not clean), and stopped idle to make room (the least recently used): for the
-        # status, so a run can say where its starts went
+        # per recipe ("label key"): how many were started, lent (new or again), stopped after
+        # a lease (not clean), and stopped idle to make room (the least recently used): for
+        # the status, so a run can say where its starts went
         self.tally: dict[str, dict[str, int]] = {}
         self.recipes: dict[str, str] = {}  # the same names: each one's command line
 
@@ -136,7 +134,6 @@ class Broker:
             while picked.state == "starting":  # bounded: the start's own bound
                 self._cond.wait(timeout=1.0)
             if picked.state == "leased":
-                self.lent += 1
                 self._count(picked, "lent")
             return picked
 
@@ -181,7 +178,6 @@ class Broker:
     def _begin(self, start: StartRecipe, *, claimed: bool) -> Copy:
         copy = Copy(next(self._ids), start.key, start, claimed=claimed)
         self._copies.setdefault(start.key, []).append(copy)
-        self.started += 1
         self._count(copy, "started")
         threading.Thread(target=self._start, args=(copy,), daemon=True).start()
         return copy
@@ -255,6 +251,20 @@ class Broker:
         self.recipes.setdefault(name, " ".join(copy.recipe.argv))
         counts = self.tally.setdefault(name, {})
         counts[event] = counts.get(event, 0) + 1
+
+    @property
+    def started(self) -> int:
+        """Servers started, over every recipe."""
+        return self._total("started")
+
+    @property
+    def lent(self) -> int:
+        """Leases granted, over every recipe."""
+        return self._total("lent")
+
+    def _total(self, event: str) -> int:
+        with self._cond:
+            return sum(counts.get(event, 0) for counts in self.tally.values())
 
     def status(self) -> dict[str, Any]:
         with self._cond:

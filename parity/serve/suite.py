@@ -343,6 +343,11 @@ def suspect(result: ScenarioResult) -> list[str]:
     served it, a server that did not answer ``/health`` within its startup bound, a ``timing``
     divergence, an ``expect: outcome`` a stall or timeout missed), and different draws of an
     unseeded sampled request (``unseeded_draws``). Empty: nothing to confirm."""
+    return timing_suspects(result) + unseeded_draws(result)
+
+
+def timing_suspects(result: ScenarioResult) -> list[str]:
+    """The one-sided timing differences among ``suspect``'s."""
     found: list[str] = []
     for d in result.divergences:
         one_sided = d.path.endswith(".outcome") and (
@@ -353,11 +358,11 @@ def suspect(result: ScenarioResult) -> list[str]:
             isinstance(v, str) and v.startswith("startup_timeout") for v in (d.left, d.right)
         )
         if one_sided or timed_out or d.kind == "timing":
-            found.append(f"{d.path}: {d.left_target}={d.left} {d.right_target}={d.right}")
+            found.append(_described(d))
     for f in result.expect_failures:
         if f.path.startswith("expect.outcome") and f.actual in TIMING_OUTCOMES:
             found.append(f"{f.target}: {f.path}: expected {f.expected}, got {f.actual}")
-    return found + unseeded_draws(result)
+    return found
 
 
 def unseeded_draws(result: ScenarioResult) -> list[str]:
@@ -397,7 +402,8 @@ def confirmed(first: ScenarioResult, again: ScenarioResult) -> ScenarioResult:
     """The rerun's result, with the first attempt as evidence; ``flaky`` when the rerun does
     not reproduce the first attempt's suspects: no timing difference this time, and no
     unseeded draw that differs exactly as it did (the same path and both values)."""
-    reasons = suspect(first)
+    draws_first = unseeded_draws(first)
+    reasons = timing_suspects(first) + draws_first
     attempt = Attempt(
         runs=tuple(run for run in first.runs if isinstance(run, ServeRun)),
         divergences=first.divergences,
@@ -406,8 +412,7 @@ def confirmed(first: ScenarioResult, again: ScenarioResult) -> ScenarioResult:
         load=load_now(),
     )
     draws_again = set(unseeded_draws(again))
-    timing_again = [s for s in suspect(again) if s not in draws_again]
-    flaky = not timing_again and not (draws_again & set(unseeded_draws(first)))
+    flaky = not timing_suspects(again) and not (draws_again & set(draws_first))
     status, verdict = again.status, again.verdict
     if flaky and draws_again:  # the rerun drew otherwise again: no finding in either draw
         kept = tuple(d for d in again.divergences if _described(d) not in draws_again)
