@@ -5,8 +5,9 @@
 
 Phases: serve (engine vs oracle servers, interleaved, fresh process per repetition), scheduler
 (step time vs upstream's scheduler; differential examples/s), harness (wedge verdict latency;
-the default suite's wall time per tier, measured here; the time from ``git clone`` to the
-``make parity`` verdict, measured in a scratch clone: ``parity.bench.suite``). ``--quick`` is one repetition with small
+the default suite's wall time, both tiers in one ``parity run`` as ``make parity`` runs them;
+the time from ``git clone`` to the ``make parity`` verdict, measured in a scratch clone:
+``parity.bench.suite``). ``--quick`` is one repetition with small
 loads and workloads, and times the wedge only on a target that is cheap to start (our engine's
 legacy-capacity mode), for the smoke test. The exit status is 0 when every phase measured what
 it set out to (targets may still fail: they are results, not errors), 1 otherwise.
@@ -32,7 +33,7 @@ from parity.bench.loads import FULL_LOADS, QUICK_LOADS
 from parity.bench.progress import BenchProgress
 from parity.bench.report import SCHEMA, VERDICT, update_latest, write_run
 from parity.bench.serve import default_config, run_serve_tier
-from parity.bench.suite import SUITE_TIERS, default_suite, fresh_clone, repeat_suite
+from parity.bench.suite import SUITE_TIER, default_suite, fresh_clone, repeat_suite
 from parity.bench.targets import evaluate
 from parity.machine import MachineSpeed, machine_speed
 from parity.project import current_project
@@ -149,16 +150,16 @@ def _harness(args: argparse.Namespace, plan: dict[str, Any], progress: BenchProg
     elif "error" in wedge:
         errors.append(f"harness: wedge: {wedge['error']}")
     progress.advance()
-    tiers = ("scheduler",) if args.quick else SUITE_TIERS  # quick: the tier without servers
-    progress.notify(f"default suite, engine vs oracle: {', '.join(tiers)}")
-    suite = default_suite(logs, tiers=tiers)
+    tier = "scheduler" if args.quick else SUITE_TIER  # quick: the tier without servers
+    progress.notify(f"default suite, engine vs oracle, --tier {tier}")
+    suite = default_suite(logs, tier=tier)
     if "error" in suite:
         errors.append(f"harness: default suite: {suite['error']}")
     progress.advance()
     repeat: dict[str, Any] = {"elapsed_s": None, "note": "skipped (--quick)"}
     if not args.quick:
         progress.notify("default suite twice beside a server broker (the second run timed)")
-        repeat = repeat_suite(logs, tiers=tiers)
+        repeat = repeat_suite(logs, tier=tier)
         if "error" in repeat:
             errors.append(f"harness: repeat suite: {repeat['error']}")
     progress.advance()

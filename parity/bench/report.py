@@ -155,22 +155,20 @@ def _harness_lines(harness: dict[str, Any]) -> list[str]:
     for tried in wedge.get("tried", []):
         lines.append(f"  - tried `{tried['target']}`: {tried['outcome']}: {tried['error']}")
     suite = harness.get("default_suite") or {}
-    for tier, run in (suite.get("tiers") or {}).items():
-        lines.append(
-            f"- Default suite, {tier} tier: {run['elapsed_s']:.1f} s, exit "
-            f"{run['returncode']}, load {run['loadavg_before']} -> {run['loadavg_after']}"
-        )
-    shown = "not measured" if suite.get("elapsed_s") is None else f"{suite['elapsed_s']:.0f} s"
-    lines.append(f"- Default suite wall time: {shown} {suite.get('error', '')}".rstrip())
+    if suite.get("elapsed_s") is not None:
+        lines.append(f"- Default suite, `parity run --tier {suite['tier']}`: "
+                     f"**{suite['elapsed_s']:.1f} s**, exit {suite['returncode']}, "
+                     f"load {suite['loadavg_before']} -> {suite['loadavg_after']}")  # fmt: skip
+    else:
+        lines.append(f"- Default suite: not measured ({suite.get('error') or 'skipped'})")
     repeat = harness.get("repeat_suite") or {}
-    for tier, run in (repeat.get("tiers") or {}).items():
-        first = ((repeat.get("first") or {}).get("tiers") or {}).get(tier) or {}
-        lines.append(
-            f"- Default suite again beside a server broker, {tier} tier: {run['elapsed_s']:.1f} s "
-            f"(the run that started its servers: {first.get('elapsed_s')} s), exit "
-            f"{run['returncode']}, load {run['loadavg_before']} -> {run['loadavg_after']}"
-        )
-    if repeat and not repeat.get("tiers"):
+    if repeat.get("elapsed_s") is not None:
+        first = repeat.get("first") or {}
+        lines.append(f"- Default suite again beside a server broker, `--tier {repeat['tier']}`: "
+                     f"{repeat['elapsed_s']:.1f} s (the run that started its servers: "
+                     f"{first.get('elapsed_s')} s), exit {repeat['returncode']}, "
+                     f"load {repeat['loadavg_before']} -> {repeat['loadavg_after']}")  # fmt: skip
+    elif repeat:
         lines.append(f"- Default suite again beside a server broker: not measured "
                      f"({repeat.get('error') or repeat.get('note', 'skipped')})")  # fmt: skip
     clone = harness.get("fresh_clone") or {}

@@ -5,8 +5,9 @@ Both run as subprocesses in their own process group (``parity.process.ManagedPro
 bounded by a deadline and reaped with its group whatever happens; each records the load
 average before and after, because a wall time on a shared machine means little without it.
 
-- ``default_suite``: ``parity run @default --tier T`` (engine vs oracle) once per tier, into a
-  scratch report folder (the project's ``reports/`` is left alone), and the sum.
+- ``default_suite``: ``parity run @default --tier both`` (engine vs oracle), the command
+  ``make parity`` runs (the scheduler tier beside the first server starts), into a scratch
+  report folder (the project's ``reports/`` is left alone).
 - ``repeat_suite``: the same, twice, with a server broker (``parity broker``) for the two
   runs: the first starts the oracle servers, the second, timed, leases them, as a port
   maintainer's next run does when a broker is running (docs/server-broker.md).
@@ -30,7 +31,7 @@ from typing import Any
 from parity.process import ManagedProcess
 from parity.serve.spec import ROOT
 
-SUITE_TIERS = ("scheduler", "serve")
+SUITE_TIER = "both"  # what make parity runs; --quick runs "scheduler" (no servers)
 SUITE_TIMEOUT_S = 900.0
 CLONE_TIMEOUT_S = 1200.0
 
@@ -72,25 +73,21 @@ def cold_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != ENV}
 
 
-def default_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS,
+def default_suite(logs: Path, *, tier: str = SUITE_TIER,
                   timeout_s: float = SUITE_TIMEOUT_S, env: dict[str, str] | None = None,
                   name: str = "suite") -> dict[str, Any]:  # fmt: skip
-    """The bundled default suite, engine vs oracle, one ``parity run`` per tier; ``env``
-    defaults to ``cold_env()``; ``name`` prefixes its logs and reports."""
-    out: dict[str, Any] = {"tiers": {}}
-    for tier in tiers:
-        reports = logs / f"{name}-{tier}"
-        argv = [sys.executable, "-m", "parity.cli", "run", "@default", "--tier", tier,
-                "--target", "engine", "--target", "oracle", "--report", str(reports)]  # fmt: skip
-        run = timed_command(argv, cwd=ROOT, log=logs / f"{name}-{tier}.log", timeout_s=timeout_s,
-                            env=cold_env() if env is None else env)  # fmt: skip
-        out["tiers"][tier] = run
-        if "error" in run:
-            out["error"] = f"{tier} tier: {run['error']}"
-            out["elapsed_s"] = None
-            return out
-    out["elapsed_s"] = round(sum(r["elapsed_s"] for r in out["tiers"].values()), 1)
-    out["verdict"] = "exit " + "/".join(str(r["returncode"]) for r in out["tiers"].values())
+    """The bundled default suite, engine vs oracle, as one ``parity run --tier TIER``; ``env``
+    defaults to ``cold_env()``; ``name`` prefixes its log and report folder."""
+    argv = [sys.executable, "-m", "parity.cli", "run", "@default", "--tier", tier,
+            "--target", "engine", "--target", "oracle", "--report", str(logs / name)]  # fmt: skip
+    run = timed_command(argv, cwd=ROOT, log=logs / f"{name}.log", timeout_s=timeout_s,
+                        env=cold_env() if env is None else env)  # fmt: skip
+    out: dict[str, Any] = {"tier": tier, **run}
+    if "error" in run:
+        out["error"] = f"--tier {tier}: {run['error']}"
+        out["elapsed_s"] = None
+    else:
+        out["verdict"] = f"exit {run['returncode']}"
     return out
 
 
@@ -98,7 +95,7 @@ BROKER_READY_S = 60.0
 BROKER_STOP_S = 120.0  # the broker stops each server it holds before it exits
 
 
-def repeat_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS) -> dict[str, Any]:
+def repeat_suite(logs: Path, *, tier: str = SUITE_TIER) -> dict[str, Any]:
     """The default suite twice beside one ``parity broker``; the second run is the result
     (``first`` holds the run that started the servers)."""
     from parity.serve.lease import ENV
@@ -115,10 +112,10 @@ def repeat_suite(logs: Path, *, tiers: Sequence[str] = SUITE_TIERS) -> dict[str,
                 return {"elapsed_s": None, "error": f"no broker (log: {logs / 'broker.log'})"}
             time.sleep(0.05)
         env = {**cold_env(), ENV: str(socket_path)}
-        first = default_suite(logs, tiers=tiers, env=env, name="repeat-first")
+        first = default_suite(logs, tier=tier, env=env, name="repeat-first")
         if "error" in first:
             return {"elapsed_s": None, "error": f"first run: {first['error']}", "first": first}
-        return {**default_suite(logs, tiers=tiers, env=env, name="repeat"), "first": first}
+        return {**default_suite(logs, tier=tier, env=env, name="repeat"), "first": first}
     finally:
         broker.stop(grace_s=BROKER_STOP_S)
         shutil.rmtree(folder, ignore_errors=True)

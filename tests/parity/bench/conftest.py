@@ -136,16 +136,13 @@ def make_results() -> Callable[..., dict[str, Any]]:
                               "examples_per_s": examples_per_s, "examples_per_cpu_s": 50.0,
                               "statuses": {"pass": 10}, "divergences": []}},
             "harness": {"wedge": wedge,
-                        "default_suite": {"elapsed_s": suite_s, "tiers": {} if suite_s is None else
-                                          {tier: {"elapsed_s": suite_s / 2, "returncode": 0,
-                                                  "loadavg_before": [1.0, 1, 1],
-                                                  "loadavg_after": [2.0, 1, 1]}
-                                           for tier in ("scheduler", "serve")}},
-                        "repeat_suite": {"elapsed_s": repeat_s, "tiers": {} if repeat_s is None
-                                         else {tier: {"elapsed_s": repeat_s / 2, "returncode": 0,
-                                                      "loadavg_before": [0.5, 1, 1],
-                                                      "loadavg_after": [0.7, 1, 1]}
-                                               for tier in ("scheduler", "serve")}},
+                        "default_suite": {"elapsed_s": suite_s, "tier": "both", "returncode": 0,
+                                          "loadavg_before": [1.0, 1, 1],
+                                          "loadavg_after": [2.0, 1, 1]},
+                        "repeat_suite": {"elapsed_s": repeat_s, "tier": "both", "returncode": 0,
+                                         "loadavg_before": [0.5, 1, 1],
+                                         "loadavg_after": [0.7, 1, 1],
+                                         "first": {"elapsed_s": 9.0}},
                         "fresh_clone": {"elapsed_s": clone_s, "note": "n"}},
             "targets": [], "errors": [],
         }  # fmt: skip

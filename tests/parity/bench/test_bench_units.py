@@ -97,7 +97,7 @@ def test_targets_pass_and_fail_per_line(make_results) -> None:
     assert fast["repeat_suite"].passed is True and "load 0.5->0.7" in fast["repeat_suite"].note
     assert evaluate(make_results(repeat_s=80.0))[-2].passed is False
     one_tier = make_results(suite_s=70.0)
-    del one_tier["harness"]["default_suite"]["tiers"]["serve"]  # quick mode: scheduler only
+    one_tier["harness"]["default_suite"]["tier"] = "scheduler"  # quick mode: no servers
     assert {t.id: t for t in evaluate(one_tier)}["default_suite"].passed is None
 
 
@@ -157,19 +157,21 @@ def test_a_timed_command_is_measured_and_a_slow_one_reaped(tmp_path: Path) -> No
     assert "not finished within" in stuck["error"] and stuck["elapsed_s"] < 20
 
 
-def test_the_suite_stops_at_the_first_failed_tier(tmp_path: Path, monkeypatch) -> None:
+def test_the_suite_is_one_run_of_both_tiers_and_a_failure_is_no_time(tmp_path: Path,
+                                                                     monkeypatch) -> None:  # fmt: skip
     import parity.bench.suite as suite
 
-    calls: list[str] = []
+    calls: list[list[str]] = []
 
     def fake(argv, **kw):
-        calls.append(argv[argv.index("--tier") + 1])
+        calls.append(argv)
         return {"elapsed_s": 1.0, "returncode": 2, "error": "exit code 2",
                 "loadavg_before": [0, 0, 0], "loadavg_after": [0, 0, 0]}  # fmt: skip
 
     monkeypatch.setattr(suite, "timed_command", fake)
     found = default_suite(tmp_path)
-    assert calls == ["scheduler"] and found["elapsed_s"] is None and "scheduler" in found["error"]
+    assert len(calls) == 1 and calls[0][calls[0].index("--tier") + 1] == "both"  # as make parity
+    assert found["elapsed_s"] is None and "--tier both" in found["error"]
 
 
 @pytest.mark.timeout(120)
@@ -181,12 +183,12 @@ def test_the_repeat_suite_runs_twice_beside_one_broker(tmp_path: Path, monkeypat
 
     def fake(argv, *, cwd, log, timeout_s, env):
         seen.append((argv[argv.index("--tier") + 1], env[ENV], Path(env[ENV]).exists()))
-        return {"elapsed_s": 2.0 if len(seen) <= 2 else 1.0, "returncode": 0, "log": str(log),
+        return {"elapsed_s": 4.0 if len(seen) == 1 else 2.0, "returncode": 0, "log": str(log),
                 "loadavg_before": [0, 0, 0], "loadavg_after": [0, 0, 0]}  # fmt: skip
 
     monkeypatch.setattr(suite, "timed_command", fake)
     found = repeat_suite(tmp_path)
-    assert [tier for tier, _, _ in seen] == ["scheduler", "serve"] * 2
+    assert [tier for tier, _, _ in seen] == ["both", "both"]
     socket_path = seen[0][1]
     assert all(path == socket_path and listening for _, path, listening in seen)
     assert found["elapsed_s"] == 2.0 and found["first"]["elapsed_s"] == 4.0  # the second run
