@@ -60,8 +60,9 @@ def evaluate(results: dict[str, Any]) -> list[TargetLine]:
     serve = results.get("serve")
     scheduler = results.get("scheduler") or {}
     harness = results.get("harness") or {}
-    single, high = _load(serve, "single"), _load(serve, "high")
+    single, mid, high = _load(serve, "single"), _load(serve, "mid"), _load(serve, "high")
     single_name = single["name"] if single else "1x256"
+    mid_name = mid["name"] if mid else "8x128"
     high_name = high["name"] if high else "32x128"
     speedup = (serve or {}).get("startup", {}).get("speedup")
     ratios = [w["ratio"] for w in scheduler.get("workloads", []) if w.get("ratio") is not None]
@@ -78,6 +79,8 @@ def evaluate(results: dict[str, Any]) -> list[TargetLine]:
               7.0, higher=True, unit="x", note="oracle median / engine median"),
         _line("single_stream", f"single-stream decode ({single_name}) >= 1.0x oracle tok/s",
               _tok_ratio(single), 1.0, higher=True, unit="x"),
+        _line("mid_concurrency", f"{mid_name} concurrent streams >= 1.0x oracle tok/s",
+              _tok_ratio(mid), 1.0, higher=True, unit="x"),
         _line("concurrent", f"{high_name} concurrent streams >= 0.5x oracle tok/s",
               _tok_ratio(high), 0.5, higher=True, unit="x"),
         _line("concurrent_stretch", f"{high_name} concurrent streams >= 1.0x (stretch)",

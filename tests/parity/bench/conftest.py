@@ -84,6 +84,7 @@ def make_results() -> Callable[..., dict[str, Any]]:
         engine_startup: float = 3.0,
         oracle_startup: float = 30.0,
         single: tuple[float, float] = (200.0, 190.0),
+        mid: tuple[float, float] = (700.0, 720.0),
         high: tuple[float, float] = (1000.0, 1900.0),
         sched_ratios: tuple[float, ...] = (0.5, 0.8),
         examples_per_s: float | None = 40.0,
@@ -93,7 +94,11 @@ def make_results() -> Callable[..., dict[str, Any]]:
         repeat_s: float | None = None,
     ) -> dict[str, Any]:
         loads = []
-        for name, role, (eng, ora) in (("1x256", "single", single), ("32x128", "high", high)):
+        for name, role, (eng, ora) in (
+            ("1x256", "single", single),
+            ("8x128", "mid", mid),
+            ("32x128", "high", high),
+        ):
             engine, oracle = _side(eng, 480.0), _side(ora, 2900.0)
             ratios = {k: (engine[k] / oracle[k]) for k in engine if isinstance(engine[k], float)}
             loads.append({"name": name, "role": role, "streams": 1, "max_tokens": 256,

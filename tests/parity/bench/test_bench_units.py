@@ -81,6 +81,8 @@ def test_targets_pass_and_fail_per_line(make_results) -> None:
     assert lines["startup"].passed is True and lines["startup"].measured == pytest.approx(10.0)
     assert lines["single_stream"].passed is True  # 200 / 190
     assert lines["concurrent"].passed is True and lines["concurrent_stretch"].passed is False
+    assert lines["mid_concurrency"].passed is False  # 700 / 720: every ratio must be >= 1.0x
+    assert "8x128" in lines["mid_concurrency"].goal
     assert lines["scheduler_step"].measured == 0.8 and lines["scheduler_step"].passed is True
     assert lines["differential"].passed is True and lines["wedge_verdict"].passed is True
     assert lines["default_suite"].passed is None and lines["default_suite"].shown == "not measured"
@@ -105,7 +107,14 @@ def test_missing_phases_are_not_measured(make_results) -> None:
     results = make_results(examples_per_s=None, wedge_s=None)
     del results["serve"]
     lines = {t.id: t for t in evaluate(results)}
-    for key in ("startup", "single_stream", "concurrent", "differential", "wedge_verdict"):
+    for key in (
+        "startup",
+        "single_stream",
+        "mid_concurrency",
+        "concurrent",
+        "differential",
+        "wedge_verdict",
+    ):
         assert lines[key].passed is None and lines[key].measured is None
 
 
