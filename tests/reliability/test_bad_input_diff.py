@@ -116,6 +116,9 @@ SHARED_FIELDS: list[tuple[str, list[Any]]] = [
     ("user", [5]),
     ("skip_special_tokens", [5]),
     ("response_format", [{"type": "bogus"}, {"type": "text"}]),
+    # refused without --trust-request-mm-kwargs, on completions too (an unknown field there)
+    ("mm_processor_kwargs", [{"a": 1}, {}, "x", 0]),
+    ("media_io_kwargs", [{"image": {"a": 1}}, {}]),
 ]
 COMPLETION_FIELDS: list[tuple[str, list[Any]]] = [
     ("prompt", ["", [], [[]], [""], ["a", "b"], None, _DROP, 5, [-1], [10**6], [1.5]]),
@@ -159,6 +162,10 @@ COMBOS: list[tuple[str, str, dict[str, Any]]] = [
     # extensions: the 400 lists them in field-declaration order, so it pins that order
     ("completions", "two-type-errors", {"top_k": 1.5, "temperature": "hot", "priority": "x"}),
     ("chat", "two-type-errors", {"top_k": 1.5, "temperature": "hot", "priority": "x"}),
+    # the multimodal-kwargs check comes before the max_tokens and conversation checks
+    ("chat", "mm-kwargs-and-max-tokens", {"mm_processor_kwargs": {"a": 1}, "max_tokens": 999}),
+    ("chat", "mm-kwargs-no-messages", {"media_io_kwargs": {"a": {}}, "messages": []}),
+    ("completions", "mm-kwargs-and-no-prompt", {"mm_processor_kwargs": {"a": 1}, "prompt": []}),
 ]
 RAW_BODIES: list[tuple[str, bytes]] = [
     ("not-json", b"{not json"),
@@ -580,6 +587,9 @@ TOKENIZATION: list[tuple[str, dict[str, Any]]] = [
     ("/tokenize", {"prompt": "x", "messages": _HI}),
     ("/tokenize", {"messages": [{"role": "developer", "content": " a"}]}),
     ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("/tokenize", {"messages": _HI, "mm_processor_kwargs": {"a": 1}}),
+    ("/tokenize", {"prompt": "x", "media_io_kwargs": {"image": {"a": 1}}}),
+    ("/tokenize", {"messages": _HI, "mm_processor_kwargs": {}}),
     ("/detokenize", {"tokens": [389, 261, 262]}),
     ("/detokenize", {"tokens": []}),
     ("/detokenize", {"tokens": [389, 390, 395, 392]}),

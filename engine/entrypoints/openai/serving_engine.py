@@ -105,6 +105,25 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
 }
 
 
+def check_request_mm_kwargs(request: Any) -> None:
+    """Per-request multimodal overrides are refused, as the pin refuses them without
+    ``--trust-request-mm-kwargs`` (``generate/base/protocol.py:validate_request_mm_kwargs``,
+    called first in ``online_renderer.preprocess_cmpl``/``preprocess_chat``): for completions
+    too, where they are unknown fields. A falsy value (``{}``) passes. This engine has no such
+    flag (it serves text-only models), so it always refuses."""
+    for name, what in (
+        ("mm_processor_kwargs", "preprocessing"),
+        ("media_io_kwargs", "media loading"),
+    ):
+        if getattr(request, name, None):
+            raise VLLMValidationError(
+                f"Per-request {name} are disabled by default because they can change "
+                f"multimodal {what} resource usage. Start the server with "
+                "--trust-request-mm-kwargs only when clients are trusted.",
+                parameter=name,
+            )
+
+
 _EXECUTOR: ThreadPoolExecutor | None = None
 
 
@@ -159,8 +178,10 @@ class OpenAIServing:
         """Refuse requests that use a feature this engine does not implement (400).
 
         Where the pin refuses the same request for lack of a server flag, its message is
-        used (``--enable-prompt-embeds``, ``--reasoning-config``).
+        used (``--trust-request-mm-kwargs``, ``--enable-prompt-embeds``, ``--reasoning-config``),
+        in the pin's order.
         """
+        check_request_mm_kwargs(request)
         if getattr(request, "prompt_embeds", None) is not None:
             raise ValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
         if getattr(request, "thinking_token_budget", None) is not None:

@@ -27,7 +27,7 @@ from engine.entrypoints.openai.chat_protocol import (
 from engine.entrypoints.openai.chat_utils import merge_kwargs, untrusted_template_error
 from engine.entrypoints.openai.errors import ErrorResponse, create_error_response
 from engine.entrypoints.openai.protocol import LoggedRequestModel, OpenAIBaseModel
-from engine.entrypoints.openai.serving_engine import OpenAIServing
+from engine.entrypoints.openai.serving_engine import OpenAIServing, check_request_mm_kwargs
 
 
 class TokenizeCompletionRequest(LoggedRequestModel):
@@ -85,6 +85,7 @@ class OpenAIServingTokenization(OpenAIServing):
             kwargs = request.chat_template_kwargs
             if (message := untrusted_template_error(request.chat_template, kwargs)) is not None:
                 return create_error_response(message)
+        check_request_mm_kwargs(request)
         ids: list[int] = await self.run_blocking(self._tokenize, request)
         strs = self.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
         return TokenizeResponse(
