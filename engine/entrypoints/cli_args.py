@@ -66,6 +66,16 @@ def _json_dict(value: str) -> dict[str, Any]:
     return parsed
 
 
+def _json_str_list(value: str) -> list[str]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON: {e}") from None
+    if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+        raise argparse.ArgumentTypeError("expected a JSON list of strings, e.g. '[\"*\"]'")
+    return parsed
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -127,6 +137,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         choices=("critical", "error", "warning", "info", "debug", "trace"),
         default="info",
     )
+    # CORS (launchers/cli_args.py:316-324, JSON lists): no cross-origin access by default
+    p.add_argument("--allowed-origins", type=_json_str_list, default=[])
+    p.add_argument("--allow-credentials", action="store_true")
+    p.add_argument("--allowed-methods", type=_json_str_list, default=["*"])
+    p.add_argument("--allowed-headers", type=_json_str_list, default=["*"])
     p.add_argument("--max-request-body-bytes", type=_non_negative_int, default=16 * 1024 * 1024)
     p.add_argument(
         "--divergence",

@@ -7,7 +7,8 @@ unknown fields, wrong types, empty prompts and messages, unknown roles, prompts 
 and as ids, bad logprobs / top_logprobs / stop / n / model / sampling values, stream_options
 without stream, malformed bodies, ...) goes to both, a few at a time; each answer is reduced to
 (status, error.type, error.param) and must equal the oracle's, unless ``KNOWN_DIFFERENCES``
-names the case with the reason. The counts are printed.
+names the case with the reason. The counts are printed. Beside them: ``/tokenize`` and
+``/detokenize`` answers (whole bodies), and CORS preflights (status, body, headers).
 
 Upstream at the pin: ``vllm/entrypoints/openai/completion/protocol.py``,
 ``chat_completion/protocol.py``, ``vllm/sampling_params.py`` (``_verify_args``),
@@ -621,3 +622,42 @@ def test_tokenize_and_detokenize_answer_like_the_oracle(servers: dict[str, Serve
     ]
     assert {status for status, _ in answers["oracle"]} == {200, 400, 404}
     assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches)
+
+
+# CORS (serve/middleware/register.py and launchers/cli_args.py:316-324 at the pin): no origin is
+# allowed by default. Status, body and the access-control headers must equal the oracle's.
+_ORIGIN = {"Origin": "http://example.com"}
+CORS: list[tuple[str, str, dict[str, str]]] = [
+    ("OPTIONS", COMPLETIONS, {**_ORIGIN, "Access-Control-Request-Method": "POST"}),
+    (
+        "OPTIONS",
+        "/v1/models",
+        {
+            **_ORIGIN,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization",
+        },
+    ),  # fmt: skip
+    ("OPTIONS", COMPLETIONS, {}),  # not a preflight: no Origin
+    ("GET", "/v1/models", _ORIGIN),  # a simple request: served, without an allow-origin header
+    ("GET", "/health", {"Origin": "null"}),
+]
+
+
+def _cors_answer(response: httpx.Response) -> tuple[int, str, dict[str, str]]:
+    """Status, body (preflights only: a GET's body is the route's own) and CORS headers."""
+    headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
+    body = response.text if response.request.method == "OPTIONS" else ""
+    return response.status_code, body, headers
+
+
+@pytest.mark.timeout(120)
+def test_cors_answers_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
+    answers = {
+        target: [_cors_answer(httpx.request(method, handle.url + path, headers=headers,
+                                            timeout=REQUEST_TIMEOUT_S))
+                 for method, path, headers in CORS]
+        for target, handle in servers.items()
+    }  # fmt: skip
+    assert answers["oracle"][0][:2] == (400, "Disallowed CORS origin")  # the pin's default
+    assert answers["engine"] == answers["oracle"]

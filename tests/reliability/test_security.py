@@ -8,7 +8,10 @@
   "Unauthorized"}`` (``vllm/entrypoints/serve/middleware/authenticate.py`` at the pin: not the
   usual error shape) without the key, with a wrong key, or with another scheme; with
   ``Authorization: Bearer <key>`` they are served. ``/health``, ``/metrics``, ``/version``,
-  ``/ping``, ``/load`` and CORS preflights stay open, as upstream.
+  ``/ping``, ``/load`` and CORS preflights stay open, as upstream: the CORS middleware
+  answers a preflight (200 for an origin in ``--allowed-origins``, 400 "Disallowed CORS
+  origin" for any other; the default allows none, held to the oracle in
+  ``test_bad_input_diff.py``).
 - Body size: the default cap (16 MiB) answers 413 in vLLM's error shape, whether the size is
   declared (``Content-Length``) or streamed (chunked), and the server stays healthy. Upstream
   has no cap (ledger ``request-body-cap``).
@@ -40,6 +43,7 @@ from parity.serve.spec import ROOT
 pytestmark = [pytest.mark.server]
 
 KEY = "s3cret-key"
+ALLOWED = "http://allowed.example"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 UNAUTHORIZED = {"error": "Unauthorized"}
 DEFAULT_CAP = 16 * 1024 * 1024
@@ -54,7 +58,8 @@ def keyed_server(
 ) -> Iterator[RawServer]:
     """The server with ``--api-key`` and no ``--host`` flag (the default bind address)."""
     log_dir = tmp_path_factory.mktemp("keyed")
-    with raw_engine_server(scripted_model_dir, log_dir, *COMMON_FLAGS, "--api-key", KEY) as s:
+    flags = (*COMMON_FLAGS, "--api-key", KEY, "--allowed-origins", json.dumps([ALLOWED]))
+    with raw_engine_server(scripted_model_dir, log_dir, *flags) as s:
         yield s
 
 
@@ -149,11 +154,16 @@ def test_api_key_guards_every_v1_route(keyed_server: RawServer) -> None:
             "content-type": "application/json", **AUTH}).status_code == 200  # fmt: skip
         for path in OPEN_ROUTES:
             assert client.get(path).status_code == 200, path
-        preflight = client.options(
-            "/v1/completions",
-            headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"},
-        )
-        assert preflight.status_code == 200
+        for origin, status in ((ALLOWED, 200), ("http://example.com", 400)):
+            preflight = client.options(
+                "/v1/completions",
+                headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+            )
+            assert preflight.status_code == status, (origin, preflight.text)
+            assert (preflight.headers.get("access-control-allow-origin") == origin) == (
+                status == 200
+            )
+        assert preflight.text == "Disallowed CORS origin"
     print(f"\napi key: {len(ops)} /v1 operations x {len(bad_credentials)} bad credentials -> 401")
 
 

