@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field, fields
 from typing import Any, NoReturn
 
 from engine.arg_utils import (
@@ -56,24 +57,43 @@ def _max_model_len(value: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _json_dict(value: str) -> dict[str, Any]:
+def _json(value: str) -> Any:
     try:
-        parsed = json.loads(value)
+        return json.loads(value)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"invalid JSON: {e}") from None
+
+
+def _json_dict(value: str) -> dict[str, Any]:
+    parsed = _json(value)
     if not isinstance(parsed, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return parsed
 
 
 def _json_str_list(value: str) -> list[str]:
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON: {e}") from None
+    parsed = _json(value)
     if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
         raise argparse.ArgumentTypeError("expected a JSON list of strings, e.g. '[\"*\"]'")
     return parsed
+
+
+@dataclass(frozen=True)
+class CorsSettings:
+    """``--allowed-origins`` and its siblings (``launchers/cli_args.py:316-324`` at the pin),
+    the one place their defaults live: no origin is allowed, so a browser's cross-origin
+    preflight gets 400 "Disallowed CORS origin" (``serve/middleware/register.py``)."""
+
+    allowed_origins: list[str] = field(default_factory=list)
+    allow_credentials: bool = False
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CorsSettings:
+        """The flags given; the defaults above for the others."""
+        given = {f.name: getattr(args, f.name, None) for f in fields(cls)}
+        return cls(**{name: value for name, value in given.items() if value is not None})
 
 
 def _positive_int(value: str) -> int:
@@ -138,10 +158,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default="info",
     )
     # CORS (launchers/cli_args.py:316-324, JSON lists): no cross-origin access by default
-    p.add_argument("--allowed-origins", type=_json_str_list, default=[])
-    p.add_argument("--allow-credentials", action="store_true")
-    p.add_argument("--allowed-methods", type=_json_str_list, default=["*"])
-    p.add_argument("--allowed-headers", type=_json_str_list, default=["*"])
+    # (defaults: CorsSettings)
+    p.add_argument("--allowed-origins", type=_json_str_list, default=None)
+    p.add_argument("--allow-credentials", action="store_true", default=None)
+    p.add_argument("--allowed-methods", type=_json_str_list, default=None)
+    p.add_argument("--allowed-headers", type=_json_str_list, default=None)
     p.add_argument("--max-request-body-bytes", type=_non_negative_int, default=16 * 1024 * 1024)
     p.add_argument(
         "--divergence",

@@ -37,8 +37,8 @@ from fastapi.responses import JSONResponse
 from engine.async_llm import EngineDeadError
 from engine.core.sched.debug import format_state
 from engine.divergence import Deviations
-from engine.entrypoints.cli_args import debug_endpoint_enabled
-from engine.entrypoints.openai.api_server import AppState, CorsSettings, build_app
+from engine.entrypoints.cli_args import CorsSettings, debug_endpoint_enabled
+from engine.entrypoints.openai.api_server import AppState, build_app
 from engine.entrypoints.openai.serving_engine import VLLM_VERSION
 from engine.entrypoints.startup import StartupError, build_state
 from engine.entrypoints.stats import SchedulerStats
@@ -99,10 +99,11 @@ def run_serve(args: argparse.Namespace) -> int:
             logger.error("%s", line)
         sock.close()
         return 1
-    cors = CorsSettings(args.allowed_origins, args.allow_credentials, args.allowed_methods,
-                        args.allowed_headers)  # fmt: skip
     app = build_app(
-        state, api_keys=args.api_key, max_body_bytes=args.max_request_body_bytes, cors=cors
+        state,
+        api_keys=args.api_key,
+        max_body_bytes=args.max_request_body_bytes,
+        cors=CorsSettings.from_args(args),
     )
     if debug_endpoint_enabled(args):
         add_debug_route(app, state)

@@ -29,7 +29,7 @@ import os
 import secrets
 from collections.abc import Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -42,6 +42,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.async_llm import AsyncLLM, EngineDeadError
+from engine.entrypoints.cli_args import CorsSettings
 from engine.entrypoints.metrics import PrometheusStatLogger
 from engine.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from engine.entrypoints.openai.completion_protocol import CompletionRequest
@@ -89,18 +90,6 @@ class AppState:
     metrics: PrometheusStatLogger
     log_stats_interval: float = 10.0
     server: Any = None  # the uvicorn server, once serving
-
-
-@dataclass(frozen=True)
-class CorsSettings:
-    """``--allowed-origins`` and its siblings (``launchers/cli_args.py:316-324`` at the pin):
-    no origin is allowed by default, so a browser's cross-origin preflight gets 400
-    "Disallowed CORS origin" (``serve/middleware/register.py``)."""
-
-    allowed_origins: list[str] = field(default_factory=list)
-    allow_credentials: bool = False
-    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
-    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
 
 
 def build_app(
