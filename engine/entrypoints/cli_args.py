@@ -144,14 +144,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=_non_negative_int, default=0)
     p.add_argument("--generation-config", default="auto")
     p.add_argument("--override-generation-config", type=_json_dict, default=None)
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
-    p.add_argument("--enable-force-include-usage", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action=bool_flag, default=False)
+    p.add_argument("--enable-force-include-usage", action=bool_flag, default=False)
     p.add_argument("--response-role", default="assistant")
     p.add_argument("--chat-template", default=None)
     p.add_argument("--default-chat-template-kwargs", type=_json_dict, default=None)
+    p.add_argument("--trust-request-chat-template", action=bool_flag, default=False)
+    p.add_argument("--trust-request-mm-kwargs", action=bool_flag, default=False)
     p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--enable-log-requests", action="store_true")
-    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument("--enable-log-requests", action=bool_flag, default=False)
+    p.add_argument("--disable-uvicorn-access-log", action=bool_flag, default=False)
     p.add_argument(
         "--uvicorn-log-level",
         choices=("critical", "error", "warning", "info", "debug", "trace"),
@@ -160,7 +162,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     # CORS (launchers/cli_args.py:316-324, JSON lists): no cross-origin access by default
     # (defaults: CorsSettings)
     p.add_argument("--allowed-origins", type=_json_str_list, default=None)
-    p.add_argument("--allow-credentials", action="store_true", default=None)
+    p.add_argument("--allow-credentials", action=bool_flag, default=None)
     p.add_argument("--allowed-methods", type=_json_str_list, default=None)
     p.add_argument("--allowed-headers", type=_json_str_list, default=None)
     p.add_argument("--max-request-body-bytes", type=_non_negative_int, default=16 * 1024 * 1024)
@@ -179,7 +181,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="serve GET /debug/scheduler (default: only when bound to a loopback address)",
     )
     # Accepted for command-line compatibility; they change nothing here.
-    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--enforce-eager", action=bool_flag, default=False)
     p.add_argument("--async-scheduling", action=bool_flag, default=None)
 
 
