@@ -140,7 +140,8 @@ async def serve_http(
         port=args.port,
         log_level=args.uvicorn_log_level,
         access_log=not args.disable_uvicorn_access_log,
-        timeout_keep_alive=5,
+        # idle keep-alive connections are closed after this (envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
+        timeout_keep_alive=int(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")),
     )
     server = NoSignalServer(config)
     state.server = server

@@ -182,6 +182,8 @@ def _build(args: argparse.Namespace) -> AppState:
         response_role=args.response_role,
         chat_template=_load_chat_template(args.chat_template),
         default_chat_template_kwargs=args.default_chat_template_kwargs or {},
+        trust_request_chat_template=args.trust_request_chat_template,
+        trust_request_mm_kwargs=args.trust_request_mm_kwargs,
         fingerprint_source=repr((str(model_dir.resolve()), dtype, plan.max_model_len, block_size)),
         deviations=deviations,
     )

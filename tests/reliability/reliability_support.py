@@ -6,6 +6,9 @@
   own process group, bounded health wait, reaped with SIGTERM, grace, SIGKILL; the group is
   checked gone afterwards with psutil).
 - ``raw_engine_server``: the same with exactly the given flags (no ``--host`` added).
+- ``engine_and_oracle``: both servers on the scripted model with the same flags, for the
+  differential tests (started through the session's broker when there is one);
+  ``cors_answers``: what each answers to a list of CORS requests.
 - ``metrics``: a ``/metrics`` snapshot (``parity.serve.observe.parse_metrics``); ``wait_idle``
   polls until running, waiting and KV usage are all back to 0 (bounded).
 - ``assert_error_shape``: vLLM's error body ``{"error": {"message", "type", "param",
@@ -84,6 +87,61 @@ def engine_server(
         if handle is not None and handle.process is not None:
             left = group_members(handle.process.pid)
             assert not left, f"processes of the server's group left running: {left}"
+
+
+@contextlib.contextmanager
+def engine_and_oracle(
+    log_dir: Path,
+    model_dir: Path,
+    engine_args: dict[str, Any],
+    flags: tuple[str, ...] = (),
+    *,
+    engine_only_flags: tuple[str, ...] = (),
+    startup_timeout_s: float = 240.0,
+) -> Iterator[dict[str, ServerHandle]]:
+    """``{"engine": ..., "oracle": ...}``, both serving the scripted model as ``scripted`` with
+    ``engine_args`` and ``flags``; stopped on exit, every group the pool started checked gone."""
+    pool = ServerPool(log_dir, grace_s=15.0)
+
+    def start(target: str) -> ServerHandle:
+        extra = (*flags, *engine_only_flags) if target == "engine" else flags
+        config = ServerConfig(
+            model=str(model_dir),
+            engine_args=engine_args,
+            served_model_name=MODEL_NAME,
+            extra_args=extra,
+        )
+        handle = pool.get(target, config, startup_timeout_s=startup_timeout_s)
+        assert handle.startup.started, handle.startup.describe() + "\n" + handle.log_tail()
+        return handle
+
+    try:
+        yield {target: start(target) for target in ("engine", "oracle")}
+    finally:
+        groups = [h.process.pid for h in pool.handles if h.process and not h.leased]
+        pool.close()
+        left = [pid for group in groups for pid in group_members(group)]
+        assert not left, f"server processes left running: {left}"
+
+
+def cors_answers(
+    servers: dict[str, ServerHandle], requests: list[tuple[str, str, dict[str, str]]]
+) -> dict[str, list[tuple[int, str, dict[str, str]]]]:
+    """Each server's answers to ``(method, path, headers)``: the status, the body (preflights
+    only: a GET's body is the route's own) and the ``access-control-*`` headers."""
+
+    def answer(
+        url: str, method: str, path: str, headers: dict[str, str]
+    ) -> tuple[int, str, dict[str, str]]:
+        response = httpx.request(method, url + path, headers=headers, timeout=60.0)
+        cors = {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
+        body = response.text if method == "OPTIONS" else ""
+        return response.status_code, body, cors
+
+    return {
+        target: [answer(handle.url, method, path, headers) for method, path, headers in requests]
+        for target, handle in servers.items()
+    }
 
 
 def metrics(url: str, client: httpx.Client | None = None) -> MetricsSnapshot:

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from reliability_support import cors_answers, engine_and_oracle
 
-from parity.serve import ServerConfig, ServerHandle, ServerPool
-from parity.serve.pool import group_members
+from parity.serve import ServerHandle
 
 pytestmark = [pytest.mark.oracle, pytest.mark.server]
 
@@ -146,7 +146,9 @@ CHAT_FIELDS: list[tuple[str, list[Any]]] = [
     ("tools", [5, [{"type": "function"}]]),
     ("tool_choice", ["bogus", "required"]),
     ("add_generation_prompt", ["x"]),
-    ("chat_template_kwargs", [5, {"enable_thinking": False}]),
+    ("chat_template_kwargs", [5, {"enable_thinking": False}, {"chat_template": None}]),
+    ("chat_template_kwargs", [{"tokenize": True}, {"tokenize": False}, {"return_dict": True}]),
+    ("chat_template_kwargs", [{"return_dict": False}, {"add_generation_prompt": False}]),
 ]
 COMBOS: list[tuple[str, str, dict[str, Any]]] = [
     ("completions", "top_logprobs-without-logprobs", {"top_logprobs": 3}),
@@ -243,30 +245,19 @@ def send(client: httpx.Client, url: str, case: Case) -> Answer:
     return _answer(response)
 
 
-def _start(pool: ServerPool, target: str, model_dir: Path) -> ServerHandle:
-    config = ServerConfig(
-        model=str(model_dir),
-        engine_args={"block_size": 32, "max_model_len": MAX_MODEL_LEN, "dtype": "float32"},
-        served_model_name="scripted",
-        extra_args=("--disable-uvicorn-access-log",) if target == "engine" else (),
-    )
-    handle = pool.get(target, config, startup_timeout_s=STARTUP_TIMEOUT_S)
-    assert handle.startup.started, handle.startup.describe() + "\n" + handle.log_tail()
-    return handle
-
-
 @pytest.fixture(scope="module")
 def servers(
     scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, ServerHandle]]:
-    pool = ServerPool(tmp_path_factory.mktemp("bad-input-servers"), grace_s=15.0)
-    try:
-        yield {t: _start(pool, t, scripted_model_dir) for t in ("engine", "oracle")}
-    finally:
-        groups = [h.process.pid for h in pool.handles if h.process and not h.leased]
-        pool.close()
-        left = [pid for group in groups for pid in group_members(group)]
-        assert not left, f"server processes left running: {left}"
+    args = {"block_size": 32, "max_model_len": MAX_MODEL_LEN, "dtype": "float32"}
+    with engine_and_oracle(
+        tmp_path_factory.mktemp("bad-input-servers"),
+        scripted_model_dir,
+        args,
+        engine_only_flags=("--disable-uvicorn-access-log",),
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    ) as pair:
+        yield pair
 
 
 def _sweep(servers: dict[str, ServerHandle], cases: list[Case]) -> dict[str, list[Answer]]:
@@ -584,6 +575,9 @@ TOKENIZATION: list[tuple[str, dict[str, Any]]] = [
     ("/tokenize", {"messages": _HI, "add_special_tokens": True}),
     ("/tokenize", {"messages": _HI, "chat_template": "x"}),
     ("/tokenize", {"messages": _HI, "chat_template_kwargs": {"enable_thinking": False}}),
+    ("/tokenize", {"messages": _HI, "chat_template_kwargs": {"tokenize": True}}),
+    ("/tokenize", {"messages": _HI, "chat_template_kwargs": {"return_dict": True}}),
+    ("/tokenize", {"messages": _HI, "chat_template_kwargs": {"add_generation_prompt": False}}),
     ("/tokenize", {"messages": []}),
     ("/tokenize", {"prompt": "x", "messages": _HI}),
     ("/tokenize", {"messages": [{"role": "developer", "content": " a"}]}),
@@ -644,20 +638,8 @@ CORS: list[tuple[str, str, dict[str, str]]] = [
 ]
 
 
-def _cors_answer(response: httpx.Response) -> tuple[int, str, dict[str, str]]:
-    """Status, body (preflights only: a GET's body is the route's own) and CORS headers."""
-    headers = {k: v for k, v in response.headers.items() if k.startswith("access-control-")}
-    body = response.text if response.request.method == "OPTIONS" else ""
-    return response.status_code, body, headers
-
-
 @pytest.mark.timeout(120)
 def test_cors_answers_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
-    answers = {
-        target: [_cors_answer(httpx.request(method, handle.url + path, headers=headers,
-                                            timeout=REQUEST_TIMEOUT_S))
-                 for method, path, headers in CORS]
-        for target, handle in servers.items()
-    }  # fmt: skip
+    answers = cors_answers(servers, CORS)
     assert answers["oracle"][0][:2] == (400, "Disallowed CORS origin")  # the pin's default
     assert answers["engine"] == answers["oracle"]

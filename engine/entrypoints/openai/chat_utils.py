@@ -25,6 +25,8 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.meta
+import jinja2.nodes
+import jinja2.parser
 import jinja2.sandbox
 
 from engine.entrypoints.openai.chat_protocol import (
@@ -60,7 +62,9 @@ def effective_chat_template_kwargs(
     return merge_kwargs(server_defaults, merge_kwargs(request.chat_template_kwargs, extra))
 
 
-def check_request_template(request: ChatCompletionRequest, tool_parser: bool = False) -> str | None:
+def check_request_template(
+    request: ChatCompletionRequest, trust_request_chat_template: bool, tool_parser: bool = False
+) -> str | None:
     """Errors ``render_chat`` returns before rendering (no param), or None."""
     choice = request.tool_choice
     if not tool_parser and choice not in (None, "none"):
@@ -74,13 +78,20 @@ def check_request_template(request: ChatCompletionRequest, tool_parser: bool = F
         else:
             desc = f'"{choice}"'
         return f"tool_choice={desc} requires --tool-call-parser to be set"
-    return untrusted_template_error(request.chat_template, request.chat_template_kwargs)
+    return untrusted_template_error(
+        request.chat_template, request.chat_template_kwargs, trust_request_chat_template
+    )
 
 
 def untrusted_template_error(
-    chat_template: str | None, kwargs: dict[str, Any] | None
+    chat_template: str | None, kwargs: dict[str, Any] | None, trusted: bool
 ) -> str | None:
-    """A request's own chat template is refused (``validate_chat_template``), or None."""
+    """A request's own chat template (the field, or ``chat_template`` among its template
+    kwargs) is refused unless the server trusts them (``--trust-request-chat-template``;
+    ``online_renderer.validate_chat_template``), or None. A trusted one renders the prompt
+    (``OpenAIServing.render_conversation`` says which wins)."""
+    if trusted:
+        return None
     if chat_template is not None or (kwargs and kwargs.get("chat_template") is not None):
         return (
             "Chat template is passed with request, but --trust-request-chat-template is not "
@@ -124,15 +135,29 @@ def developer_as_system(conversation: list[dict[str, Any]], template: str) -> li
     return [merged, *(m for m in converted if m.get("role") != "system")]
 
 
+class _GenerationTag(jinja2.ext.Extension):
+    """Parses transformers' ``{% generation %}...{% endgeneration %}`` block, so that templates
+    using it can be read for their variables (``renderers/hf.py`` ``AssistantTracker``)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        block = jinja2.nodes.CallBlock(self.call_method("_generation"), [], [], body)
+        return block.set_lineno(lineno)
+
+
 @lru_cache(maxsize=8)
 def _template_variables(template: str) -> frozenset[str]:
+    """The template's undeclared variables (``_resolve_chat_template_kwargs``). A template that
+    does not parse raises ``jinja2.TemplateSyntaxError`` unwrapped, as at the pin, where it
+    reaches the server's last-resort handler: a 400 with its message, after which the server
+    closes the connection (Starlette re-raises what the ``Exception`` handler answered)."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
-    try:
-        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
-    except jinja2.TemplateError:  # e.g. transformers' {% generation %} tag
-        return frozenset()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
 
 
 @lru_cache(maxsize=4)
@@ -149,10 +174,11 @@ def render_chat(
     kwargs: dict[str, Any],
     tools: list[dict[str, Any]] | None,
 ) -> str:
-    """``safe_apply_chat_template`` with ``tokenize=False``."""
-    template = chat_template or getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("default")
+    """``safe_apply_chat_template`` with ``tokenize=False``. ``chat_template`` None: the
+    tokenizer's (``resolve_chat_template``); a name: the tokenizer's template of that name."""
+    template = None
+    if chat_template is not None or getattr(tokenizer, "chat_template", None) is not None:
+        template = tokenizer.get_chat_template(chat_template, tools=tools)
     if template is None:
         raise ValueError(
             "As of transformers v4.44, default chat template is no longer allowed, so you must "

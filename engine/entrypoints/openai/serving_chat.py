@@ -84,7 +84,8 @@ class OpenAIServingChat(OpenAIServing):
         if (error := self.check_model(request.model)) is not None:
             return error
         self.preflight()
-        if (message := check_request_template(request)) is not None:
+        trusted = self.config.trust_request_chat_template
+        if (message := check_request_template(request, trusted)) is not None:
             return create_error_response(message)
         self.reject_unsupported(request)
         kwargs = effective_chat_template_kwargs(request, self.config.default_chat_template_kwargs)
@@ -114,7 +115,9 @@ class OpenAIServingChat(OpenAIServing):
     ) -> tuple[list[dict[str, Any]], PromptInput]:
         requested, param = request.requested_max_tokens()
         tok = self.tokenize_params(request, requested, param)
-        conversation, text = self.render_conversation(request.messages, request.tools, kwargs)
+        conversation, text = self.render_conversation(
+            request.messages, request.tools, kwargs, request.chat_template
+        )
         ids = tok.check_tokens(self.tokenizer, tok.encode(self.tokenizer, text))
         return conversation, PromptInput(ids, text)
 

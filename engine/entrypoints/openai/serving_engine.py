@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.divergence import Deviations
 from engine.entrypoints.openai.beam_search import BeamSearchParams, beam_search
-from engine.entrypoints.openai.chat_utils import parse_messages, render_chat
+from engine.entrypoints.openai.chat_utils import merge_kwargs, parse_messages, render_chat
 from engine.entrypoints.openai.errors import (
     ErrorResponse,
     GenerationError,
@@ -77,6 +77,8 @@ class ServingConfig:
     response_role: str = "assistant"
     chat_template: str | None = None
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    trust_request_chat_template: bool = False
+    trust_request_mm_kwargs: bool = False
     fingerprint_source: str = ""
     deviations: Deviations = field(default_factory=Deviations)  # engine/divergence.py
     system_fingerprint: str = field(init=False)
@@ -105,12 +107,14 @@ UNSUPPORTED_FIELDS: dict[str, Any] = {
 }
 
 
-def check_request_mm_kwargs(request: Any) -> None:
+def check_request_mm_kwargs(request: Any, trusted: bool) -> None:
     """Per-request multimodal overrides are refused, as the pin refuses them without
     ``--trust-request-mm-kwargs`` (``generate/base/protocol.py:validate_request_mm_kwargs``,
     called first in ``online_renderer.preprocess_cmpl``/``preprocess_chat``): for completions
-    too, where they are unknown fields. A falsy value (``{}``) passes. This engine has no such
-    flag (it serves text-only models), so it always refuses."""
+    too, where they are unknown fields. A falsy value (``{}``) passes. ``trusted`` (the flag):
+    accepted, and unused on a text-only model."""
+    if trusted:
+        return
     for name, what in (
         ("mm_processor_kwargs", "preprocessing"),
         ("media_io_kwargs", "media loading"),
@@ -150,13 +154,24 @@ class OpenAIServing:
         return await asyncio.get_running_loop().run_in_executor(_tokenizer_executor(), fn, *args)
 
     def render_conversation(
-        self, messages: list[Any], tools: list[Any] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[Any],
+        tools: list[Any] | None,
+        kwargs: dict[str, Any],
+        request_template: str | None,
     ) -> tuple[list[dict[str, Any]], str]:
         """Chat messages to the conversation and the prompt text the chat template makes of it
-        (blocking: run it in ``run_blocking``)."""
+        (blocking: run it in ``run_blocking``). The template: the request's own, else
+        ``--chat-template``, else a ``chat_template`` among the template kwargs, else the
+        tokenizer's (``build_chat_params`` and ``get_apply_chat_template_kwargs``, which merge
+        the first two over the kwargs, an unset one, None or "auto", not counting); a request's
+        own comes this far only when the server trusts it."""
         conversation = parse_messages(messages, self.config.model_name)
         dumped = [tool.model_dump() for tool in tools] if tools else None
-        text = render_chat(self.tokenizer, conversation, self.config.chat_template, kwargs, dumped)
+        chosen = {"chat_template": request_template or self.config.chat_template}
+        kwargs = merge_kwargs(kwargs, chosen)
+        template = kwargs.pop("chat_template", None)
+        text = render_chat(self.tokenizer, conversation, template, kwargs, dumped)
         return conversation, text
 
     def check_model(self, model: str | None) -> ErrorResponse | None:
@@ -181,7 +196,7 @@ class OpenAIServing:
         used (``--trust-request-mm-kwargs``, ``--enable-prompt-embeds``, ``--reasoning-config``),
         in the pin's order.
         """
-        check_request_mm_kwargs(request)
+        check_request_mm_kwargs(request, self.config.trust_request_mm_kwargs)
         if getattr(request, "prompt_embeds", None) is not None:
             raise ValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
         if getattr(request, "thinking_token_budget", None) is not None:

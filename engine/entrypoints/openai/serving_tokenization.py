@@ -83,9 +83,11 @@ class OpenAIServingTokenization(OpenAIServing):
             return error
         if isinstance(request, TokenizeChatRequest):
             kwargs = request.chat_template_kwargs
-            if (message := untrusted_template_error(request.chat_template, kwargs)) is not None:
+            trusted = self.config.trust_request_chat_template
+            message = untrusted_template_error(request.chat_template, kwargs, trusted)
+            if message is not None:
                 return create_error_response(message)
-        check_request_mm_kwargs(request)
+        check_request_mm_kwargs(request, self.config.trust_request_mm_kwargs)
         ids: list[int] = await self.run_blocking(self._tokenize, request)
         strs = self.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
         return TokenizeResponse(
@@ -104,7 +106,9 @@ class OpenAIServingTokenization(OpenAIServing):
                 self.config.default_chat_template_kwargs,
                 merge_kwargs(request.chat_template_kwargs, flags),
             )
-            _, text = self.render_conversation(request.messages, request.tools, kwargs)
+            _, text = self.render_conversation(
+                request.messages, request.tools, kwargs, request.chat_template
+            )
         encoded = self.tokenizer(text, add_special_tokens=request.add_special_tokens)
         return list(encoded["input_ids"])
 
