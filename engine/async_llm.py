@@ -70,17 +70,27 @@ class AsyncLLM:
         deviations: Deviations | None = None,
     ) -> None:
         """``tokenizer`` is used on the engine thread only (detokenizing, logprob tokens)."""
-        self.engine_core = engine_core
         self.limits = limits
-        self.log_requests = log_requests
-        self.deviations = deviations or Deviations()
         self._core = EngineThread(
             engine_core,
             tokenizer,
             stat_loggers=stat_loggers,
             log_requests=log_requests,
-            deviations=self.deviations,
+            deviations=deviations,
         )
+
+    @property
+    def engine_core(self) -> EngineCoreLike:
+        return self._core.engine_core
+
+    @property
+    def deviations(self) -> Deviations:
+        """The server's divergence profiles (held by the engine thread, which dumps them)."""
+        return self._core.deviations
+
+    @property
+    def log_requests(self) -> bool:
+        return self._core.log_requests
 
     @property
     def errored(self) -> bool:

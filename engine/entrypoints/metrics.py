@@ -301,6 +301,3 @@ class PrometheusStatLogger:
 
     def log(self, scheduler_stats: SchedulerStats) -> None:
         pass
-
-    def render(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)

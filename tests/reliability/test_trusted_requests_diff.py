@@ -189,6 +189,14 @@ def test_cors_with_an_allowed_origin_answers_like_the_oracle(
     assert answers["engine"] == answers["oracle"]
 
 
+def _recv_more(sock: socket.socket) -> bytes:
+    """The next bytes of the answer (each wait bounded by the socket's timeout); EOF before the
+    answer is whole is a failure, not a loop."""
+    chunk = sock.recv(65536)
+    assert chunk, "the server closed the connection before its answer was complete"
+    return chunk
+
+
 def _closed_after_answer(url: str, body: dict[str, Any]) -> tuple[int, bool]:
     """POST ``body`` to ``/tokenize`` on one kept-alive HTTP/1.1 connection; the status, and
     whether the server then closed the connection (EOF within ``CLOSE_WAIT_S``)."""
@@ -202,12 +210,12 @@ def _closed_after_answer(url: str, body: dict[str, Any]) -> tuple[int, bool]:
         sock.sendall(head.encode() + payload)
         received = b""
         while b"\r\n\r\n" not in received:
-            received += sock.recv(65536)
+            received += _recv_more(sock)
         header, _, rest = received.partition(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in header.split(b"\r\n")
                           if line.lower().startswith(b"content-length")))  # fmt: skip
         while len(rest) < length:
-            rest += sock.recv(65536)
+            rest += _recv_more(sock)
         sock.settimeout(CLOSE_WAIT_S)
         try:
             closed = sock.recv(1) == b""
