@@ -48,6 +48,7 @@ EXIT_OK = 0
 EXIT_DIVERGENCE = 1
 EXIT_BAD_INPUT = 2
 EXIT_TARGET_FAILED = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports a command SIGINT ended
 
 DEFAULT_TARGETS = ("engine", "oracle")
 
@@ -521,6 +522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.stderr.write(format_error(exc))
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C: the with blocks and finally clauses stopped the servers
+        sys.stderr.write(
+            f"parity {args.command}: interrupted; every server it started is stopped\n"
+        )
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

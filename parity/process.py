@@ -10,9 +10,13 @@ minutes).
 Nothing started here outlives the harness: Ctrl-C (SIGINT, ``KeyboardInterrupt``) unwinds
 through the callers' ``with`` blocks, then an ``atexit`` hook reaps whatever is still
 registered and removes the folders given to ``remove_at_exit``. SIGTERM's default action would
-end the interpreter without any of that, so the first ``ManagedProcess`` (when SIGTERM still has
-its default disposition, in the main thread) installs a handler that does the same reaping and
-then dies of SIGTERM as before.
+end the interpreter without any of that, so a handler does the same reaping and then dies of
+SIGTERM as before. Python lets only the main thread install one, so it is installed by the
+first ``ManagedProcess`` started in the main thread, or up front by ``reap_on_sigterm`` (the
+server pool calls it, because it starts servers ahead of need from worker threads, whose
+processes the handler must reap too). From the moment the reaping begins nothing new is
+started (``spawn`` raises ``HarnessStopping``), and a group spawned just before, whose owner
+had not registered it yet, is reaped from ``spawn``'s own record.
 """
 
 from __future__ import annotations
@@ -41,12 +45,18 @@ class Stoppable(Protocol):
 
 _LIVE: set[Stoppable] = set()
 _TEMP_DIRS: set[Path] = set()
+# Every group ``spawn`` started whose leader is not yet known to be reaped, by leader pid, and
+# whether the harness is being stopped; both under ``_SPAWN_LOCK``, which ``spawn`` holds from
+# its check to its record, so the reaper sees every group started before it began.
+_SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
+_SPAWN_LOCK = threading.Lock()
+_STOPPING = threading.Event()
 
 
 def track(process: Stoppable) -> None:
     """Reap ``process`` (``stop(grace_s=2)``) at exit or SIGTERM unless untracked before."""
     _LIVE.add(process)
-    _exit_on_sigterm()
+    reap_on_sigterm()
 
 
 def untrack(process: Stoppable) -> None:
@@ -54,6 +64,10 @@ def untrack(process: Stoppable) -> None:
 
 
 CANNOT_RUN = "cannot run "  # how a StartupError for a command that could not be run begins
+
+
+class HarnessStopping(RuntimeError):
+    """The harness is being stopped (SIGTERM or exit): nothing new is started."""
 
 
 class StartupError(RuntimeError):
@@ -94,16 +108,28 @@ def spawn(
     the module docstring), so that ``signal_group(proc.pid, ...)`` reaches all of it.
 
     With ``log`` its stdin is closed and its stdout and stderr both go to ``log``; without,
-    stdin, stdout and stderr are pipes. ``OSError`` when it cannot be run."""
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL if log is not None else subprocess.PIPE,
-        stdout=log if log is not None else subprocess.PIPE,
-        stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        process_group=0,
-    )
+    stdin, stdout and stderr are pipes. ``OSError`` when it cannot be run, ``HarnessStopping``
+    once the harness has begun reaping its processes."""
+    with _SPAWN_LOCK:
+        if _STOPPING.is_set():
+            raise HarnessStopping(f"the harness is stopping: {argv[0]!r} not started")
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL if log is not None else subprocess.PIPE,
+            stdout=log if log is not None else subprocess.PIPE,
+            stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            process_group=0,
+        )
+        _SPAWNED[proc.pid] = proc
+    return proc
+
+
+def reaped(proc: subprocess.Popen[bytes]) -> None:
+    """``proc``'s group has been reaped by its owner: forget ``spawn``'s record of it."""
+    with _SPAWN_LOCK:
+        _SPAWNED.pop(proc.pid, None)
 
 
 class ManagedProcess:
@@ -217,6 +243,7 @@ class ManagedProcess:
             extended_s=extended,
         )
         self._log.close()
+        reaped(self.proc)
         untrack(self)
         return self.stop_record
 
@@ -238,8 +265,10 @@ def forget_at_exit(path: str | os.PathLike[str]) -> None:
     _TEMP_DIRS.discard(Path(path))
 
 
-def _exit_on_sigterm() -> None:
-    """Reap on SIGTERM (main thread, default disposition only), then die of it as before."""
+def reap_on_sigterm() -> None:
+    """Reap every process started here on SIGTERM, then die of it as before. Installs the
+    handler when called in the main thread while SIGTERM has its default disposition; a no-op
+    otherwise (another thread cannot install one, and a caller's own handler is kept)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -254,8 +283,29 @@ def _on_sigterm(signum: int, _frame: object) -> None:
 
 @atexit.register
 def _reap_all() -> None:
+    with _SPAWN_LOCK:
+        _STOPPING.set()  # nothing starts from here on
     for proc in list(_LIVE):
         proc.stop(grace_s=2.0)
+    # Groups spawned whose owner had not registered them yet (a server being started from a
+    # worker thread when the signal came): the same SIGTERM, grace, SIGKILL. A leader already
+    # reaped is skipped, so a pid the system has since given to another process is never hit.
+    with _SPAWN_LOCK:
+        left = [p for p in _SPAWNED.values() if p.poll() is None]
+        _SPAWNED.clear()
+    for popen in left:
+        signal_group(popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 2.0
+    for popen in left:
+        try:
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        signal_group(popen.pid, signal.SIGKILL)
+        try:
+            popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
     for folder in list(_TEMP_DIRS):
         shutil.rmtree(folder, ignore_errors=True)
         _TEMP_DIRS.discard(folder)

@@ -131,13 +131,15 @@ def launch(
     *,
     grace_s: float = 10.0,
     extra_env: Mapping[str, str] | None = None,
+    on_spawn: Callable[[ManagedProcess], None] | None = None,
 ) -> tuple[StartupRecord, ManagedProcess | None]:
     """Start ``start`` (a new log file from ``log_for()`` per attempt); the record, and the
     process (None when the command could not be run at all; already stopped when it did not
-    start, so only its record and log are left)."""
+    start, so only its record and log are left). ``on_spawn`` is given each attempt's process
+    as soon as it runs, before its health wait (a caller that stops it ends the wait)."""
     env = {**os.environ, **start.env, **(extra_env or {})}
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        record, process = _launch_once(start, log_for(), env, grace_s, attempt)
+        record, process = _launch_once(start, log_for(), env, grace_s, attempt, on_spawn)
         in_use = any(m in record.log_tail for m in ADDRESS_IN_USE)
         in_use = in_use or PORT_TAKEN in (record.error or "")
         if record.outcome != "startup_refused" or not in_use:
@@ -148,7 +150,12 @@ def launch(
 
 
 def _launch_once(
-    start: StartRecipe, log: Path, env: dict[str, str], grace_s: float, attempt: int
+    start: StartRecipe,
+    log: Path,
+    env: dict[str, str],
+    grace_s: float,
+    attempt: int,
+    on_spawn: Callable[[ManagedProcess], None] | None,
 ) -> tuple[StartupRecord, ManagedProcess | None]:
     port = free_port()
     argv = start.argv_on(port)
@@ -168,6 +175,8 @@ def _launch_once(
         process = ManagedProcess(argv, log_path=log, env=env, cwd=start.cwd)
     except StartupError as exc:  # the command could not be run at all
         return ended("startup_refused", None, error=str(exc)), None
+    if on_spawn is not None:
+        on_spawn(process)
     try:
         elapsed = process.wait_healthy(
             f"http://{HOST}:{port}{start.health}", start.timeout_s, interval_s=start.poll_s

@@ -30,7 +30,13 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import replace
 from pathlib import Path
 
-from parity.process import ManagedProcess, StopRecord, forget_at_exit, remove_at_exit
+from parity.process import (
+    ManagedProcess,
+    StopRecord,
+    forget_at_exit,
+    reap_on_sigterm,
+    remove_at_exit,
+)
 from parity.serve.launch import (
     GROUP_EXIT_WAIT_S,
     LOG_TAIL_BYTES,
@@ -159,6 +165,9 @@ class ServerPool:
         self.broker: BrokerClient | None = (
             broker_from_env() if broker is FROM_ENV else broker  # type: ignore[assignment]
         )
+        # ``prestart`` starts servers from worker threads, which cannot install the handler
+        # that reaps them on SIGTERM: install it here, from the thread that makes the pool.
+        reap_on_sigterm()
         self._own_dir = log_dir is None
         self.log_dir = Path(
             tempfile.mkdtemp(prefix="parity-serve-") if log_dir is None else log_dir
@@ -176,6 +185,9 @@ class ServerPool:
         self._pending: dict[tuple[str, tuple[str, ...]], Future[ServerHandle]] = {}
         self._claimed: set[tuple[str, tuple[str, ...]]] = set()  # being started by ``get``
         self._lock = threading.RLock()
+        # processes of starts still waiting for health: ``close`` stops them rather than
+        # waiting for each to come up (a Ctrl-C mid-run is answered in seconds)
+        self._in_flight: set[ManagedProcess] = set()
         self._executor: ThreadPoolExecutor | None = None
         self.max_parallel_starts = max(1, os.cpu_count() or 1)
 
@@ -299,12 +311,15 @@ class ServerPool:
         return handle.stop(self.grace_s if grace_s is None else grace_s)
 
     def close(self) -> list[tuple[str, StopRecord]]:
-        """Stop every server (those still starting ahead of need too, once their start ends:
-        bounded by their startup timeout); return (label, stop record) pairs. Removes an own
-        temp log dir."""
+        """Stop every server (those still starting ahead of need too: their processes are
+        stopped first, which ends their starts); return (label, stop record) pairs. Removes an
+        own temp log dir."""
         with self._lock:
             self.closed = True
             pending, self._pending = list(self._pending.items()), {}
+            in_flight = list(self._in_flight)
+        for process in in_flight:  # their health waits then end at once
+            process.stop(grace_s=min(self.grace_s, 5.0))
         for key, future in pending:
             future.cancel()
             if not future.cancelled():
@@ -338,7 +353,23 @@ class ServerPool:
                 return ServerHandle(spec, config, record, leased)
             except BrokerError:
                 pass  # the broker is gone: start our own, as without one
-        record, process = launch(start, lambda: self._next_log(start), grace_s=self.grace_s)
+        mine: list[ManagedProcess] = []
+
+        def spawned(process: ManagedProcess) -> None:
+            with self._lock:
+                mine.append(process)
+                self._in_flight.add(process)
+                closed = self.closed
+            if closed:  # the pool closed while this start was being set up
+                process.stop(grace_s=min(self.grace_s, 5.0))
+
+        try:
+            record, process = launch(
+                start, lambda: self._next_log(start), grace_s=self.grace_s, on_spawn=spawned
+            )
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(mine)
         handle = ServerHandle(spec, config, record, process)
         if not record.started:
             handle.stop()  # already stopped: records it and waits for the group to be gone

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import protocol
-from parity.process import signal_group, spawn, track, untrack
+from parity.process import reaped, signal_group, spawn, track, untrack
 
 MAX_LINE_BYTES = 64 << 20  # a longer response line is garbage
 STDERR_LINES = 40  # kept for error messages
@@ -190,5 +190,6 @@ class WorkerProcess:
                 except OSError:
                     pass
         self.broken = True
+        reaped(self.proc)
         untrack(self)
         return self.proc.returncode

@@ -98,3 +98,35 @@ def test_a_run_of_one_config_measures_nothing(tmp_path: Path) -> None:
         assert session.machine is None and session.configs_ahead == 1
     finally:
         session.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_stops_a_start_in_flight_instead_of_waiting_for_it(tmp_path: Path) -> None:
+    """What a Ctrl-C mid-run leads to: the pool is closed while a server it started ahead of
+    need is still coming up (this one never does). The start is ended by stopping its process,
+    in seconds, not waited for until its startup bound."""
+    import os
+    import sys
+
+    never_healthy = f"external:{sys.executable} -c 'import time; time.sleep(600)' --port {{port}}"
+    target = parse_target(never_healthy)
+    config = ServerConfig(model=str(tmp_path / "m"), engine_args={"block_size": 32})
+    pool = ServerPool(tmp_path / "logs", broker=None)
+    try:
+        pool.prestart(target, config, startup_timeout_s=300)
+        deadline = time.monotonic() + 20
+        while not list((tmp_path / "logs").glob("*.log")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the process runs and its health wait has begun
+        assert pool.starting() == 1
+        began = time.monotonic()
+        pool.close()
+        took = time.monotonic() - began
+    finally:
+        pool.close()
+    assert took < 15, f"close waited {took:.1f} s for a start in flight"
+    [handle] = pool.handles
+    assert not handle.startup.started
+    assert handle.process is not None and not handle.process.alive()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(handle.process.pid, 0)  # the whole group is gone

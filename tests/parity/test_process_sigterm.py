@@ -1,0 +1,184 @@
+"""SIGTERM to the harness reaps every process it started (``parity/process.py``), including
+the servers a ``ServerPool`` starts ahead of need from its worker threads, and the groups
+spawned in the instant before the reaping began.
+
+Each case runs a small harness in a child interpreter (its own process group), waits until
+it has started its grandchildren, sends the child SIGTERM, and checks the child died of it
+and that no grandchild's process group is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(90)
+
+SLEEPER = "import time; time.sleep(600)"
+
+# A pool made in the main thread, then a server started from another thread, as
+# ``ServerPool.prestart`` does; the main thread only waits.
+POOL_THREAD_START = """
+import sys, threading, time
+from pathlib import Path
+from parity.process import ManagedProcess
+from parity.serve.pool import ServerPool
+
+folder = Path(sys.argv[1])
+pool = ServerPool(folder / "logs", broker=None)
+
+def start() -> None:
+    process = ManagedProcess([sys.executable, "-c", {sleeper!r}], log_path=folder / "s.log")
+    (folder / "pids").write_text(f"{{process.pid}}\\n")
+
+threading.Thread(target=start, daemon=True).start()
+time.sleep(600)
+"""
+
+# Groups spawned from a thread and never handed to an owner (the instant between ``spawn`` and
+# ``track``), one every 50 ms until the signal comes.
+UNTRACKED_SPAWNS = """
+import sys, threading, time
+from pathlib import Path
+from parity.process import HarnessStopping, reap_on_sigterm, spawn
+
+folder = Path(sys.argv[1])
+reap_on_sigterm()
+
+def keep_spawning() -> None:
+    with open(folder / "pids", "a") as out:
+        while True:
+            try:
+                proc = spawn([sys.executable, "-c", {sleeper!r}], env=None, cwd=None)
+            except HarnessStopping:
+                (folder / "refused").write_text("yes")
+                return
+            out.write(f"{{proc.pid}}\\n")
+            out.flush()
+            time.sleep(0.05)
+
+threading.Thread(target=keep_spawning, daemon=True).start()
+time.sleep(600)
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids(folder: Path) -> list[int]:
+    path = folder / "pids"
+    if not path.exists():
+        return []
+    return [int(line) for line in path.read_text().split()]
+
+
+def _sigterm_after_pids(code: str, folder: Path, at_least: int) -> tuple[int, list[int]]:
+    """Run ``code`` as a harness, SIGTERM it once it has recorded ``at_least`` pids; its exit
+    status and the pids (their groups SIGKILLed at the end whatever the outcome)."""
+    child = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, process_group=0)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60.0
+        while len(pids) < at_least and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+            pids = _pids(folder)
+        assert len(pids) >= at_least, f"the harness recorded {pids} (exit {child.poll()})"
+        child.send_signal(signal.SIGTERM)
+        returncode = child.wait(timeout=30.0)
+        time.sleep(0.2)  # a group being torn down by SIGKILL
+        return returncode, _pids(folder)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10.0)
+        for pid in _pids(folder):
+            if _group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_server_a_pool_started_from_a_worker_thread_is_reaped_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    returncode, pids = _sigterm_after_pids(
+        POOL_THREAD_START.format(sleeper=SLEEPER), tmp_path, at_least=1
+    )
+    assert returncode == -signal.SIGTERM  # it still dies of the signal, after reaping
+    assert [pid for pid in pids if _group_alive(pid)] == []
+
+
+def test_groups_spawned_before_their_owner_registered_them_are_reaped(tmp_path: Path) -> None:
+    returncode, pids = _sigterm_after_pids(
+        UNTRACKED_SPAWNS.format(sleeper=SLEEPER), tmp_path, at_least=3
+    )
+    assert returncode == -signal.SIGTERM
+    assert len(pids) >= 3
+    assert [pid for pid in pids if _group_alive(pid)] == []
+
+
+SCENARIO = """id: ctrl-c
+description: a run interrupted while a server is still starting
+tier: serve
+config: {block_size: 32}
+limits: {startup_timeout_s: 300}
+requests:
+  - {id: r1, endpoint: completions, prompt: ok, max_tokens: 5}
+"""
+
+
+def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) -> None:
+    """``parity run`` interrupted (SIGINT, what Ctrl-C sends) while one target's server is up
+    and the other's is still starting (it never becomes healthy): exit 130 within seconds,
+    one line instead of a traceback, and neither server's group left."""
+    scenario = tmp_path / "ctrl-c.yaml"
+    scenario.write_text(SCENARIO)
+    fake = ROOT / "tests" / "parity" / "serve" / "fake_server.py"
+    logs = tmp_path / "logs"
+    pid_file = tmp_path / "never.pid"
+    never_healthy = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    argv = [
+        sys.executable, "-m", "parity.cli", "run", str(scenario), "--tier", "serve",
+        "--no-progress", "--log-dir", str(logs),
+        "--target", f"external:{sys.executable} {fake} --port {{port}}",
+        "--target", f'external:{sys.executable} -c "{never_healthy}" --port {{port}}',
+    ]  # fmt: skip
+    child = subprocess.Popen(
+        argv, cwd=tmp_path, process_group=0, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    never = 0
+    try:
+        deadline = time.monotonic() + 60.0
+        while not pid_file.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert pid_file.exists(), "the second server should have been started"
+        time.sleep(0.5)
+        never = int(pid_file.read_text())
+        began = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        _out, err = child.communicate(timeout=60.0)
+        took = time.monotonic() - began
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10.0)
+        if never and _group_alive(never):
+            os.killpg(never, signal.SIGKILL)
+    text = err.decode("utf-8", "replace")
+    assert child.returncode == 130, text
+    assert took < 20.0, f"the interrupted run took {took:.1f} s to stop"
+    assert "interrupted" in text and "Traceback" not in text, text
+    assert not _group_alive(never)
