@@ -47,9 +47,10 @@ _LIVE: set[Stoppable] = set()
 _TEMP_DIRS: set[Path] = set()
 # Every group ``spawn`` started whose leader is not yet known to be reaped, by leader pid, and
 # whether the harness is being stopped; both under ``_SPAWN_LOCK``, which ``spawn`` holds from
-# its check to its record, so the reaper sees every group started before it began.
+# its check to its record, so the reaper sees every group started before it began. Reentrant:
+# the SIGTERM handler runs in the main thread, possibly while that thread is inside ``spawn``.
 _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
-_SPAWN_LOCK = threading.Lock()
+_SPAWN_LOCK = threading.RLock()
 _STOPPING = threading.Event()
 
 

@@ -182,3 +182,42 @@ def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) 
     assert took < 20.0, f"the interrupted run took {took:.1f} s to stop"
     assert "interrupted" in text and "Traceback" not in text, text
     assert not _group_alive(never)
+
+
+# SIGTERM arriving while the main thread is itself inside ``spawn`` (it holds spawn's lock):
+# the handler, which runs in that same thread, must still reap and die, not wait on the lock.
+SIGTERM_INSIDE_SPAWN = """
+import os, signal, sys, time
+from pathlib import Path
+import parity.process as process
+
+folder = Path(sys.argv[1])
+process.reap_on_sigterm()
+sleeper = process.ManagedProcess([sys.executable, "-c", {sleeper!r}], log_path=folder / "s.log")
+(folder / "pids").write_text(f"{{sleeper.pid}}\\n")
+with process._SPAWN_LOCK:  # as spawn holds it around Popen
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+"""
+
+
+def test_sigterm_while_the_main_thread_is_spawning_still_reaps(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_INSIDE_SPAWN.format(sleeper=SLEEPER), str(tmp_path)],
+        cwd=ROOT,
+        process_group=0,
+    )
+    try:
+        returncode = child.wait(timeout=20.0)
+        time.sleep(0.2)
+        pids = _pids(tmp_path)
+        left = [pid for pid in pids if _group_alive(pid)]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10.0)
+        for pid in _pids(tmp_path):
+            if _group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+    assert returncode == -signal.SIGTERM
+    assert len(pids) == 1 and left == []
