@@ -85,12 +85,30 @@ def _pids(folder: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()]
 
 
-def _sigterm_after_pids(code: str, folder: Path, at_least: int) -> tuple[int, list[int]]:
+def _clean_up(child: subprocess.Popen[bytes], folder: Path) -> None:
+    """Whatever the outcome: the harness's group and every group it recorded, SIGKILLed."""
+    if child.poll() is None:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10.0)
+    for pid in _pids(folder):
+        if _group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _left_alive(folder: Path) -> tuple[list[int], list[int]]:
+    """The pids the harness recorded, and those whose group is still there (after a moment for
+    a group being torn down by SIGKILL)."""
+    time.sleep(0.2)
+    pids = _pids(folder)
+    return pids, [pid for pid in pids if _group_alive(pid)]
+
+
+def _sigterm_after_pids(code: str, folder: Path, at_least: int) -> tuple[int, list[int], list[int]]:
     """Run ``code`` as a harness, SIGTERM it once it has recorded ``at_least`` pids; its exit
-    status and the pids (their groups SIGKILLed at the end whatever the outcome)."""
+    status, the pids, and the ones whose group outlived it."""
     child = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, process_group=0)
-    pids: list[int] = []
     try:
+        pids: list[int] = []
         deadline = time.monotonic() + 60.0
         while len(pids) < at_least and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
@@ -98,34 +116,27 @@ def _sigterm_after_pids(code: str, folder: Path, at_least: int) -> tuple[int, li
         assert len(pids) >= at_least, f"the harness recorded {pids} (exit {child.poll()})"
         child.send_signal(signal.SIGTERM)
         returncode = child.wait(timeout=30.0)
-        time.sleep(0.2)  # a group being torn down by SIGKILL
-        return returncode, _pids(folder)
+        return (returncode, *_left_alive(folder))
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=10.0)
-        for pid in _pids(folder):
-            if _group_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        _clean_up(child, folder)
 
 
 def test_a_server_a_pool_started_from_a_worker_thread_is_reaped_on_sigterm(
     tmp_path: Path,
 ) -> None:
-    returncode, pids = _sigterm_after_pids(
+    returncode, pids, left = _sigterm_after_pids(
         POOL_THREAD_START.format(sleeper=SLEEPER), tmp_path, at_least=1
     )
     assert returncode == -signal.SIGTERM  # it still dies of the signal, after reaping
-    assert [pid for pid in pids if _group_alive(pid)] == []
+    assert len(pids) == 1 and left == []
 
 
 def test_groups_spawned_before_their_owner_registered_them_are_reaped(tmp_path: Path) -> None:
-    returncode, pids = _sigterm_after_pids(
+    returncode, pids, left = _sigterm_after_pids(
         UNTRACKED_SPAWNS.format(sleeper=SLEEPER), tmp_path, at_least=3
     )
     assert returncode == -signal.SIGTERM
-    assert len(pids) >= 3
-    assert [pid for pid in pids if _group_alive(pid)] == []
+    assert len(pids) >= 3 and left == []
 
 
 SCENARIO = """id: ctrl-c
@@ -209,15 +220,8 @@ def test_sigterm_while_the_main_thread_is_spawning_still_reaps(tmp_path: Path) -
     )
     try:
         returncode = child.wait(timeout=20.0)
-        time.sleep(0.2)
-        pids = _pids(tmp_path)
-        left = [pid for pid in pids if _group_alive(pid)]
+        pids, left = _left_alive(tmp_path)
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=10.0)
-        for pid in _pids(tmp_path):
-            if _group_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        _clean_up(child, tmp_path)
     assert returncode == -signal.SIGTERM
     assert len(pids) == 1 and left == []
