@@ -149,6 +149,15 @@ requests:
 """
 
 
+# ``parity`` as a terminal starts it, with SIGINT's default handler: a process started from a
+# background job (``make test &``, ``nohup``) inherits SIGINT ignored, and Ctrl-C would then
+# never reach it, by the shell's design.
+AS_FROM_A_TERMINAL = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from parity.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
 def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) -> None:
     """``parity run`` interrupted (SIGINT, what Ctrl-C sends) while one target's server is up
     and the other's is still starting (it never becomes healthy): exit 130 within seconds,
@@ -162,7 +171,7 @@ def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) 
         f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     )
     argv = [
-        sys.executable, "-m", "parity.cli", "run", str(scenario), "--tier", "serve",
+        sys.executable, "-c", AS_FROM_A_TERMINAL, "run", str(scenario), "--tier", "serve",
         "--no-progress", "--log-dir", str(logs),
         "--target", f"external:{sys.executable} {fake} --port {{port}}",
         "--target", f'external:{sys.executable} -c "{never_healthy}" --port {{port}}',
