@@ -93,7 +93,11 @@ async def observe_request(
     body = spec.request_body(model, accepts)
     state = _State(send=time.monotonic())
     reader = asyncio.create_task(_read(client, base_url + spec.path, body, state))
-    outcome, detail, stall = await _watch(reader, state, monitor, limits, tick_s)
+    try:
+        outcome, detail, stall = await _watch(reader, state, monitor, limits, tick_s)
+    except BaseException:  # cancelled (a Ctrl-C cancels the run): the read must not outlive it
+        reader.cancel()
+        raise
     end = time.monotonic()
     if not reader.done():
         reader.cancel()

@@ -279,7 +279,12 @@ async def _send_on(
         for gate in [asyncio.Semaphore(spec.concurrency or spec.repeat)]
         for copy_id in spec.copy_ids()
     ]
-    done, pending = await asyncio.wait(tasks, timeout=overall)
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=overall)
+    except BaseException:  # cancelled (a Ctrl-C cancels the run): no copy outlives it, so none
+        for task in tasks:  # sends on the client once it is closed
+            task.cancel()
+        raise
     for task in pending:  # a backstop: each copy bounds itself well before this
         task.cancel()
     await asyncio.wait(pending, timeout=CANCEL_S) if pending else None

@@ -139,13 +139,15 @@ def test_groups_spawned_before_their_owner_registered_them_are_reaped(tmp_path: 
     assert len(pids) >= 3 and left == []
 
 
+# The fake server takes 4 s over a ``generate`` request: the interruption lands while it is in
+# flight on the first target and the second target's server is still starting.
 SCENARIO = """id: ctrl-c
-description: a run interrupted while a server is still starting
+description: a run interrupted while a request is in flight and a server is still starting
 tier: serve
 config: {block_size: 32}
 limits: {startup_timeout_s: 300}
 requests:
-  - {id: r1, endpoint: completions, prompt: ok, max_tokens: 5}
+  - {id: r1, endpoint: completions, prompt: generate, max_tokens: 5}
 """
 
 
@@ -159,9 +161,9 @@ AS_FROM_A_TERMINAL = (
 
 
 def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) -> None:
-    """``parity run`` interrupted (SIGINT, what Ctrl-C sends) while one target's server is up
-    and the other's is still starting (it never becomes healthy): exit 130 within seconds,
-    one line instead of a traceback, and neither server's group left."""
+    """``parity run`` interrupted (SIGINT, what Ctrl-C sends) while a request is in flight on
+    one target's server and the other's is still starting (it never becomes healthy): exit 130
+    within seconds, one line instead of a traceback, and neither server's group left."""
     scenario = tmp_path / "ctrl-c.yaml"
     scenario.write_text(SCENARIO)
     fake = ROOT / "tests" / "parity" / "serve" / "fake_server.py"
@@ -185,7 +187,7 @@ def test_ctrl_c_mid_run_stops_its_servers_at_once_with_one_line(tmp_path: Path) 
         while not pid_file.exists() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.05)
         assert pid_file.exists(), "the second server should have been started"
-        time.sleep(0.5)
+        time.sleep(1.5)  # the first server up and the request sent
         never = int(pid_file.read_text())
         began = time.monotonic()
         child.send_signal(signal.SIGINT)
