@@ -257,6 +257,27 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def reap_groups(popens: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """Reap each leader's whole group: SIGTERM the live ones, wait up to ``grace_s`` in all,
+    then SIGKILL every group (children of an exited leader may linger) and wait for each
+    leader at most 5 s more."""
+    alive = [popen for popen in popens if popen.poll() is None]
+    for popen in alive:
+        signal_group(popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for popen in alive:
+        try:
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for popen in popens:
+        signal_group(popen.pid, signal.SIGKILL)
+        try:
+            popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def remove_at_exit(path: str | os.PathLike[str]) -> None:
     """Remove this folder when the interpreter exits or is SIGTERMed (unless forgotten)."""
     _TEMP_DIRS.add(Path(path))
@@ -294,19 +315,7 @@ def _reap_all() -> None:
     with _SPAWN_LOCK:
         left = [p for p in _SPAWNED.values() if p.poll() is None]
         _SPAWNED.clear()
-    for popen in left:
-        signal_group(popen.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 2.0
-    for popen in left:
-        try:
-            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        signal_group(popen.pid, signal.SIGKILL)
-        try:
-            popen.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
+    reap_groups(left, grace_s=2.0)
     for folder in list(_TEMP_DIRS):
         shutil.rmtree(folder, ignore_errors=True)
         _TEMP_DIRS.discard(folder)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import protocol
-from parity.process import reaped, signal_group, spawn, track, untrack
+from parity.process import reap_groups, reaped, spawn, track, untrack
 
 MAX_LINE_BYTES = 64 << 20  # a longer response line is garbage
 STDERR_LINES = 40  # kept for error messages
@@ -172,17 +172,7 @@ class WorkerProcess:
 
     def stop(self, grace_s: float = 5.0) -> int | None:
         """Reap the whole group: SIGTERM, up to ``grace_s``, SIGKILL. Idempotent."""
-        if self.proc.poll() is None:
-            signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        signal_group(self.proc.pid, signal.SIGKILL)  # children of the group may linger
-        try:
-            self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            pass
+        reap_groups([self.proc], grace_s)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 try:
