@@ -153,11 +153,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         reference_index(specs, args.record_target)  # a bad --record-target is exit 2 up front
     for spec in specs if serve else ():
         parse_target(spec, project)  # a bad spec is exit 2 before anything starts
-    targets, servers_only = _scheduler_targets(specs, project) if scheduler else ([], {})
-    for index, target in enumerate(targets):  # equal names made distinct, as at the serve tier
-        same = sum(1 for t in targets[:index] if t.name.split(" #", 1)[0] == target.name)
-        if same:
-            target.name = f"{target.name} #{same + 1}"
     began = time.perf_counter()
     results = []
     total = len(scheduler) + len(serve) * len(specs)
@@ -165,7 +160,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     session = ServeSession(serve, specs, log_dir=args.log_dir, project=project) if serve else None
     try:
         if session is not None:
-            session.begin()  # the first servers start while the scheduler tier runs
+            # The first servers start while the scheduler tier's targets are made (an
+            # in-process oracle imports vllm, ~6 s of one core) and its scenarios run.
+            session.begin()
+        targets, servers_only = _scheduler_targets(specs, project) if scheduler else ([], {})
+        _distinct_names(targets)
         with _progress(total, enabled=not args.no_progress) as mark:
             results += _run_scheduler(scheduler, targets, mark, traces, project, servers_only)
             if session is not None:
@@ -216,6 +215,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if code == EXIT_OK and args.strict and any(getattr(r, "flaky", False) for r in results):
         return EXIT_DIVERGENCE  # --strict: a timing difference that did not reproduce fails too
     return code
+
+
+def _distinct_names(targets: list) -> None:
+    """Equal target names made distinct (``oracle #2``), as at the serve tier."""
+    for index, target in enumerate(targets):
+        same = sum(1 for t in targets[:index] if t.name.split(" #", 1)[0] == target.name)
+        if same:
+            target.name = f"{target.name} #{same + 1}"
 
 
 def _scheduler_targets(specs: list[str], project: Any) -> tuple[list, dict[str, str]]:
