@@ -11,15 +11,15 @@ words to token ids) and the ``logit_bias`` coercion of
 ``"<msg> (parameter=<p>, value=<v>)"``, and the serving layer turns it into HTTP 400 with
 ``param`` (``entrypoints/serve/exception_handling/error_response.py:14-102``).
 
-Also here: ``get_max_tokens`` (``entrypoints/serve/utils/api_utils.py:169-205``) and the
-engine-side default for ``max_tokens=None`` (``v1/engine/input_processor.py:476-487``).
+Also here: the engine-side default for ``max_tokens=None``
+(``v1/engine/input_processor.py:476-487``); the serving layer's clamp is
+``engine.entrypoints.api_utils.get_max_tokens``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -428,33 +428,3 @@ def coerce_logit_bias(logit_bias: Mapping[Any, float]) -> dict[int, float]:
             invalid,
         )
     return converted
-
-
-def get_max_tokens(
-    max_model_len: int,
-    input_length: int,
-    request_max_tokens: int | None,
-    default_max_tokens: int | None = None,
-    override_max_tokens: int | None = None,
-    platform_max: int | None = sys.maxsize,
-    *,
-    truncate_prompt_tokens: int | None = None,
-) -> int:
-    """The max_tokens the serving layer sends (entrypoints/serve/utils/api_utils.py:169-205).
-
-    ``min(max_model_len - input_length, request value or the generation-config default,
-    the --generation-config ceiling, the platform ceiling)``, ignoring the Nones. The platform
-    ceiling is ``sys.maxsize`` on CPU (platforms/interface.py:224-225). Raises upstream's plain
-    ValueError text (HTTP 400, no param) when the input is longer than max_model_len.
-    """
-    if truncate_prompt_tokens is not None:
-        limit = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-        input_length = min(input_length, limit)
-    if max_model_len < input_length:
-        _fail(
-            f"Input length ({input_length}) exceeds model's maximum "
-            f"context length ({max_model_len})."
-        )
-    fallback = request_max_tokens if request_max_tokens is not None else default_max_tokens
-    candidates = (max_model_len - input_length, fallback, override_max_tokens, platform_max)
-    return min(value for value in candidates if value is not None)

