@@ -34,6 +34,29 @@ def test_machine_speed_times_the_loop_alone_and_side_by_side() -> None:
     assert "side by side" in speed.describe()
 
 
+@pytest.mark.parametrize(
+    ("alone", "side_by_side", "cores"),
+    [
+        # a server of the run before still exiting during the first side-by-side loops
+        ([0.20, 0.20], [0.34, 0.21], 1.9),
+        # ... or during the first loop alone
+        ([0.34, 0.20], [0.21, 0.21], 1.9),
+        # a neighbour that lasts slows every round: the machine still measures busy
+        ([0.20, 0.21], [0.40, 0.39], 1.03),
+    ],
+)
+def test_each_time_is_the_fastest_of_its_rounds(
+    monkeypatch: pytest.MonkeyPatch, alone: list[float], side_by_side: list[float], cores: float
+) -> None:
+    import parity.machine as machine
+
+    loops, rounds = iter(alone), iter(side_by_side)
+    monkeypatch.setattr(machine, "_speed_loop", lambda: next(loops))
+    monkeypatch.setattr(machine, "_side_by_side", lambda _n, _deadline: next(rounds))
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    assert machine.machine_speed(rounds=2).effective_cores == cores
+
+
 def test_effective_cores_is_work_done_per_core_time() -> None:
     # two loops side by side, each as fast as one alone: two cores' worth
     assert MachineSpeed(0.5, 0.5, 2).effective_cores == 2.0
