@@ -4,6 +4,7 @@ shutting down, then SIGKILL (``parity/process.py``)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -95,17 +96,21 @@ def test_the_ipc_sockets_a_server_leaves_go_with_its_group(tmp_path: Path, sigte
 
 
 def test_a_folder_the_caller_names_is_kept(tmp_path: Path) -> None:
-    own = tmp_path / "ipc"
-    own.mkdir()
-    env = {**os.environ, "VLLM_RPC_BASE_PATH": str(own)}
-    code = BINDS_IPC.format(sigterm="SIG_DFL")
-    process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log", env=env)
-    deadline = time.monotonic() + 20.0
-    while time.monotonic() < deadline and not list(own.iterdir()):
-        time.sleep(0.05)
-    process.stop(grace_s=0.5)
-    assert process.ipc_folder is None
-    assert [p.name for p in own.iterdir()], "the caller's folder was not used or was emptied"
+    # a short path: a socket's path has at most 107 bytes, more than pytest's tmp_path allows
+    own = Path(tempfile.mkdtemp(prefix="own-ipc-"))
+    try:
+        env = {**os.environ, "VLLM_RPC_BASE_PATH": str(own)}
+        code = BINDS_IPC.format(sigterm="SIG_DFL")
+        process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log", env=env)
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline and process.alive() and not list(own.iterdir()):
+            time.sleep(0.05)
+        process.stop(grace_s=0.5)
+        assert process.ipc_folder is None
+        log = process.log_path.read_text()
+        assert [p.name for p in own.iterdir()], f"the caller's folder was not used: {log}"
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_no_private_folder_when_its_socket_paths_would_be_too_long(
