@@ -199,6 +199,9 @@ def load_page(
                         f"--window-size={WIDTH},2000",
                     ],
                     stdin=subprocess.DEVNULL,
+                    # its singleton socket's folder goes under the temp folder and stays there
+                    # when the browser is killed; under the profile it goes with the profile
+                    env={**os.environ, "TMPDIR": profile},
                     stdout=err,
                     stderr=err,
                     pass_fds=(3, 4),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -94,6 +95,10 @@ def test_the_error_check_catches_errors(tmp_path: Path) -> None:
         'throw new Error("broken page");</script></body></html>',
         encoding="utf-8",
     )
+    before = set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))
     page = load_page(page_file.as_uri(), expression="document.title")
     text = "\n".join(page.errors)
     assert "broken page" in text and "boom" in text and "Content Security Policy" in text
+    # the browser is stopped by signal; its singleton-socket folder must not stay behind
+    after = set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))
+    assert after <= before, sorted(after - before)
