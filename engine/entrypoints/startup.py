@@ -76,7 +76,6 @@ def build_state(args: argparse.Namespace) -> AppState:
 
 def _build(args: argparse.Namespace) -> AppState:
     from engine.core.kv_sizing import check_scheduler_limits, plan_kv_cache
-    from engine.hf_config import load_generation_config
     from engine.model_config import (
         default_sampling_params,
         load_model_config,
@@ -135,7 +134,7 @@ def _build(args: argparse.Namespace) -> AppState:
     logger.info(
         "init engine (profile, create kv cache, warmup model) took %.2f s", time.monotonic() - start
     )
-    generation_config = load_generation_config(model_dir, args.generation_config)
+    generation_config = model.generation_config  # as --generation-config selects it
     defaults = default_sampling_params(generation_config, args.override_generation_config)
     if defaults and args.generation_config != "vllm":
         logger.info(
