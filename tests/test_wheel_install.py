@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +110,27 @@ def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return env
 
 
-def test_a_port_runs_the_default_suite_from_its_own_folder(fresh_env: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def own_temp() -> Iterator[Path]:
+    """A temp folder for the run, removed after it: the new environment's oracle compiles its
+    logprobs kernel, and torch keeps the 154 MB precompiled header for that environment's path
+    in ``<temp>/torchinductor_<user>`` (docs/oracle-on-cpu.md). Short, like ``/tmp`` itself,
+    so that the servers' socket paths under it stay within the 107-byte limit."""
+    folder = Path(tempfile.mkdtemp(prefix="wheel-run-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_port_runs_the_default_suite_from_its_own_folder(
+    fresh_env: Path, tmp_path: Path, own_temp: Path
+) -> None:
     parity = str(fresh_env / "bin" / "parity")
     # a fresh machine: not this checkout's packages, not the test session's server broker
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", ENV)}
     env["PATH"] = f"{fresh_env / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["TMPDIR"] = str(own_temp)
     project = tmp_path / "my-port"
     shown = _run([parity, "--help"], cwd=tmp_path, timeout=60, env=env)
     assert shown.returncode == 0, shown.output
