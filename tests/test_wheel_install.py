@@ -116,11 +116,8 @@ def own_temp() -> Iterator[Path]:
     logprobs kernel, and torch keeps the 154 MB precompiled header for that environment's path
     in ``<temp>/torchinductor_<user>`` (docs/oracle-on-cpu.md). Short, like ``/tmp`` itself,
     so that the servers' socket paths under it stay within the 107-byte limit."""
-    folder = Path(tempfile.mkdtemp(prefix="wheel-run-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="wheel-run-", ignore_cleanup_errors=True) as folder:
+        yield Path(folder)
 
 
 def test_a_port_runs_the_default_suite_from_its_own_folder(

@@ -4,7 +4,6 @@ shutting down, then SIGKILL (``parity/process.py``)."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -97,8 +96,8 @@ def test_the_ipc_sockets_a_server_leaves_go_with_its_group(tmp_path: Path, sigte
 
 def test_a_folder_the_caller_names_is_kept(tmp_path: Path) -> None:
     # a short path: a socket's path has at most 107 bytes, more than pytest's tmp_path allows
-    own = Path(tempfile.mkdtemp(prefix="own-ipc-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="own-ipc-", ignore_cleanup_errors=True) as folder:
+        own = Path(folder)
         env = {**os.environ, "VLLM_RPC_BASE_PATH": str(own)}
         code = BINDS_IPC.format(sigterm="SIG_DFL")
         process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log", env=env)
@@ -109,8 +108,6 @@ def test_a_folder_the_caller_names_is_kept(tmp_path: Path) -> None:
         assert process.ipc_folder is None
         log = process.log_path.read_text()
         assert [p.name for p in own.iterdir()], f"the caller's folder was not used: {log}"
-    finally:
-        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_no_private_folder_when_its_socket_paths_would_be_too_long(

@@ -264,7 +264,8 @@ def _masked(value: Any) -> Any:
 def _assembled(frames: list[dict[str, Any]]) -> dict[str, Any]:
     """What a client assembles from a stream's JSON frames: per choice its text (content and
     reasoning apart), tokens with logprobs, finish and stop reasons; the last usage; the keys
-    of the first and the last frame."""
+    of the first and the last frame. Not ``parity.serve.observe.parse_frames``: that keeps one
+    finish per choice and no logprobs, and counts token frames, which merging changes."""
     choices: dict[int, dict[str, Any]] = {}
     for frame in frames:
         for choice in frame.get("choices") or []:
