@@ -7,11 +7,9 @@ docs/oracle-on-cpu.md), and is reaped with ``os.killpg``: SIGTERM, a grace perio
 SIGTERM is a finding (docs/failure-classes.md: the port's wedged server outlived SIGTERM by 53
 minutes).
 
-Each ``ManagedProcess`` gets a folder of its own for the IPC sockets a vLLM server makes
-(``VLLM_RPC_BASE_PATH``, unless the caller's environment names one), removed once its group is
-reaped: the pinned vLLM binds its ZeroMQ sockets under the temp folder and leaves them there,
-even after a clean SIGTERM (seven socket files a start at the pin: docs/oracle-on-cpu.md), and
-a day of runs left well over a thousand in ``/tmp``. Other servers ignore the variable.
+Each ``ManagedProcess`` gets a temp folder of its own (``parity.server_temp``: the pinned vLLM
+leaves its IPC sockets and a rendezvous file in the temp folder, even after a clean SIGTERM),
+removed once its group is reaped.
 
 Nothing started here outlives the harness: Ctrl-C (SIGINT, ``KeyboardInterrupt``) unwinds
 through the callers' ``with`` blocks, then an ``atexit`` hook reaps whatever is still
@@ -33,7 +31,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +39,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 import httpx
+
+from parity.server_temp import private_temp, server_env
 
 
 class Stoppable(Protocol):
@@ -69,25 +68,6 @@ def track(process: Stoppable) -> None:
 
 def untrack(process: Stoppable) -> None:
     _LIVE.discard(process)
-
-
-IPC_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM binds its ipc:// sockets (default: the temp folder)
-SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path less its terminating NUL)
-IPC_NAME_LEN = 36  # vLLM names each socket with a uuid4 (get_open_zmq_ipc_path)
-
-
-def ipc_folder(env: Mapping[str, str]) -> Path | None:
-    """A new private folder for a server's IPC sockets, or None when ``env`` names one already
-    or a socket path under it would be too long to bind (a long ``TMPDIR``: vLLM's default
-    folder is left alone then, as a user would have it)."""
-    if env.get(IPC_ENV):
-        return None
-    folder = Path(tempfile.mkdtemp(prefix="parity-ipc-"))
-    if len(os.fsencode(folder)) + 1 + IPC_NAME_LEN > SUN_PATH_MAX:
-        folder.rmdir()
-        return None
-    remove_at_exit(folder)
-    return folder
 
 
 CANNOT_RUN = "cannot run "  # how a StartupError for a command that could not be run begins
@@ -175,15 +155,17 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.started_at = time.monotonic()
-        base = dict(os.environ if env is None else env)
-        self.ipc_folder = ipc_folder(base)
-        if self.ipc_folder is not None:
-            base[IPC_ENV] = str(self.ipc_folder)
+        base = os.environ if env is None else env
+        self.temp_folder = private_temp(base)
+        if self.temp_folder is not None:
+            remove_at_exit(self.temp_folder)
         try:
-            self.proc = spawn(self.argv, env=base, cwd=cwd, log=self._log)
+            self.proc = spawn(
+                self.argv, env=server_env(base, self.temp_folder), cwd=cwd, log=self._log
+            )
         except OSError as exc:  # no such program or folder, not executable: nothing started
             self._log.close()
-            self._remove_ipc_folder()
+            self._remove_temp_folder()
             where = f" in {cwd}" if cwd is not None else ""
             raise StartupError(
                 f"{CANNOT_RUN}{self.argv[0]!r}{where}: {exc.strerror or exc}"
@@ -277,13 +259,13 @@ class ManagedProcess:
         self._log.close()
         reaped(self.proc)
         untrack(self)
-        self._remove_ipc_folder()
+        self._remove_temp_folder()
         return self.stop_record
 
-    def _remove_ipc_folder(self) -> None:
-        if self.ipc_folder is not None:
-            shutil.rmtree(self.ipc_folder, ignore_errors=True)
-            forget_at_exit(self.ipc_folder)
+    def _remove_temp_folder(self) -> None:
+        if self.temp_folder is not None:
+            shutil.rmtree(self.temp_folder, ignore_errors=True)  # a link's target is kept
+            forget_at_exit(self.temp_folder)
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

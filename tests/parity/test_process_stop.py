@@ -3,15 +3,13 @@ shutting down, then SIGKILL (``parity/process.py``)."""
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from parity.process import ManagedProcess, ipc_folder
+from parity.process import ManagedProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,49 +70,3 @@ def test_an_ignored_sigterm_is_killed_after_the_extension(tmp_path: Path) -> Non
 
 # binds a Unix socket in the folder VLLM_RPC_BASE_PATH names and leaves it there, as vLLM does;
 # {sigterm} is what SIGTERM does to it (default: exit; SIG_IGN: only SIGKILL ends it)
-BINDS_IPC = """
-import os, signal, socket, time, uuid
-signal.signal(signal.SIGTERM, signal.{sigterm})
-path = os.path.join(os.environ["VLLM_RPC_BASE_PATH"], str(uuid.uuid4()))
-sock = socket.socket(socket.AF_UNIX)
-sock.bind(path)
-print("ready", flush=True)
-time.sleep(60)
-"""
-
-
-@pytest.mark.parametrize("sigterm", ["SIG_DFL", "SIG_IGN"])
-def test_the_ipc_sockets_a_server_leaves_go_with_its_group(tmp_path: Path, sigterm: str) -> None:
-    process = _started(BINDS_IPC.format(sigterm=sigterm), tmp_path)
-    folder = process.ipc_folder
-    assert folder is not None and folder.parent == Path(tempfile.gettempdir())
-    assert [p for p in folder.iterdir() if p.is_socket()], "the child bound nothing there"
-    record = process.stop(grace_s=0.5)
-    assert record.sigterm_sufficed == (sigterm == "SIG_DFL"), record
-    assert not folder.exists()
-
-
-def test_a_folder_the_caller_names_is_kept(tmp_path: Path) -> None:
-    # a short path: a socket's path has at most 107 bytes, more than pytest's tmp_path allows
-    with tempfile.TemporaryDirectory(prefix="own-ipc-", ignore_cleanup_errors=True) as folder:
-        own = Path(folder)
-        env = {**os.environ, "VLLM_RPC_BASE_PATH": str(own)}
-        code = BINDS_IPC.format(sigterm="SIG_DFL")
-        process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log", env=env)
-        deadline = time.monotonic() + 20.0
-        while time.monotonic() < deadline and process.alive() and not list(own.iterdir()):
-            time.sleep(0.05)
-        process.stop(grace_s=0.5)
-        assert process.ipc_folder is None
-        log = process.log_path.read_text()
-        assert [p.name for p in own.iterdir()], f"the caller's folder was not used: {log}"
-
-
-def test_no_private_folder_when_its_socket_paths_would_be_too_long(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deep = tmp_path / ("d" * 60)
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    assert ipc_folder({}) is None
-    assert list(deep.iterdir()) == []  # nothing left behind either

@@ -2,7 +2,7 @@
 first run cached in its prefix cache is not a cache hit for the second run (the broker's
 ``/reset_prefix_cache`` between leases), while within one run the cache works as upstream's
 does. And a config upstream refuses is refused once, then answered from the broker's memory.
-The server's ZeroMQ sockets are bound in a folder of its own.
+What the server leaves in the temp folder (sockets, a rendezvous file) is in a folder of its own.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import psutil
 import pytest
 
 from contract.scripted import vocab
-from parity.process import IPC_ENV
 from parity.serve.lease import BrokerClient
 from parity.serve.observe import parse_metrics
 from parity.serve.pool import ServerHandle, ServerPool
 from parity.serve.spec import ServerConfig
+from parity.server_temp import IPC_ENV
 
 pytestmark = [pytest.mark.oracle, pytest.mark.server, pytest.mark.timeout(900)]
 
@@ -54,12 +54,15 @@ def test_a_lent_oracle_has_no_prefix_cache_from_the_run_before(
         before = hits(handle)
         complete(handle)
         assert hits(handle) - before >= 3 * BLOCK  # within a run: upstream's prefix cache
-        # its ZeroMQ sockets are in a folder of its own, which goes when the server is reaped
-        # (parity.process.ipc_folder), not in the temp folder for good
+        # what the pin leaves in the temp folder (its ZeroMQ sockets, its worker's rendezvous
+        # file) is in a folder of its own, which goes when the server is reaped
+        # (parity.server_temp), not in the temp folder for good
         assert handle.process is not None
-        folder = Path(psutil.Process(handle.process.pid).environ()[IPC_ENV])
-        assert folder.name.startswith("parity-ipc-")
+        env = psutil.Process(handle.process.pid).environ()
+        folder = Path(env[IPC_ENV])
+        assert folder.name.startswith("parity-tmp-") and env["TMPDIR"] == str(folder)
         assert [p for p in folder.iterdir() if p.is_socket()]
+        assert [p for p in folder.iterdir() if p.name.startswith("vllm_dist_")]
     with ServerPool(tmp_path / "second", broker=own_broker) as second:
         again = second.get("oracle", config, startup_timeout_s=600)
         assert again.leased and again.startup.reused == 1, again.startup.describe()
