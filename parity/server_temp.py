@@ -11,8 +11,10 @@ every server gets a new folder as ``TMPDIR`` and, unless the caller's environmen
 What a server should share with the next one stays shared: torch keeps its inductor cache (the
 compiled kernels and a 154 MB precompiled header; vLLM's sampler compiles one on its first
 request with logprobs) in ``torchinductor_<user>`` under the temp folder, so the new folder
-holds a link of that name to the one in the harness's own temp folder. Without it every server
-would compile again (8 s of g++, measured), and no user's server does.
+holds a link of that name to the one in the harness's own temp folder, which the harness makes
+if it is missing (torch's own folder, empty until a server compiles; it is never removed, since
+a server of another run may be linked to it). Without the link every server would compile again
+(8 s of g++, measured), and no user's server does.
 
 A socket's path has at most 107 bytes. When sockets under the new folder would be longer than
 that, the server gets no folder of its own, as a user with so deep a temp folder would have it.

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -32,6 +33,7 @@ import parity.serve.launch as launch_module
 import parity.serve.pool as pool_module
 from parity.serve import ServerConfig, ServerHandle, ServerPool
 from parity.serve.pool import group_members
+from parity.server_temp import torch_cache_name
 
 pytestmark = [pytest.mark.server]
 
@@ -141,6 +143,14 @@ def _spawn(argv: list[str], tmp: Path, cwd: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """The driver's temp folder: short enough that each server gets a folder of its own in it
+    (a socket path has at most 107 bytes; one under pytest's tmp_path would not fit)."""
+    with tempfile.TemporaryDirectory(prefix="hy-", ignore_cleanup_errors=True) as folder:
+        yield Path(folder)
+
+
 @dataclass
 class Reaper:
     """What a test started (drivers) and saw (their servers), killed at the end regardless."""
@@ -188,11 +198,13 @@ def _interrupt_and_check(
     proc: subprocess.Popen[str], sig: signal.Signals, tmp: Path, reaper: Reaper
 ) -> tuple[int, str, float]:
     """Signal the driver's group (Ctrl-C reaches the foreground group); assert a prompt exit,
-    no survivor, no temp folder left."""
+    no survivor, no temp folder left but torch's shared cache (parity/server_temp.py)."""
     root = psutil.Process(proc.pid)
     tracked = _tracked(root)
     reaper.seen |= tracked
     assert tracked, "no server process found under the driver"
+    own = [p.name for p in tmp.iterdir() if p.name.startswith("parity-tmp-")]
+    assert own, f"the servers have no temp folder of their own in {tmp}"
     time.sleep(1.0)  # mid-request
     began = time.monotonic()
     os.killpg(proc.pid, sig)
@@ -205,7 +217,7 @@ def _interrupt_and_check(
     while _alive(tracked) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(tracked), f"left running after {sig.name}: {_alive(tracked)}"
-    leftovers = sorted(p.name for p in tmp.iterdir())
+    leftovers = sorted(p.name for p in tmp.iterdir() if p.name != torch_cache_name(os.environ))
     assert not leftovers, f"temp folders left in {tmp}: {leftovers}"
     print(f"{sig.name}: exit {proc.returncode} after {exit_s:.1f} s, {len(tracked)} reaped")
     return proc.returncode, out + err, exit_s
@@ -215,14 +227,14 @@ def _interrupt_and_check(
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_interrupted_driver_leaves_nothing(
     tmp_path: Path,
+    short_tmp: Path,
     scripted_model_dir: Path,
     reaper: Reaper,
     sig: signal.Signals,
 ) -> None:
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(DRIVER), encoding="utf-8")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = short_tmp
     proc = _spawn([sys.executable, str(script), str(scripted_model_dir)], tmp, tmp_path)
     reaper.append(proc)
     ready = threading.Event()
@@ -246,11 +258,12 @@ def test_interrupted_driver_leaves_nothing(
 
 
 @pytest.mark.timeout(400)
-def test_interrupted_parity_run_leaves_nothing(tmp_path: Path, reaper: Reaper) -> None:
+def test_interrupted_parity_run_leaves_nothing(
+    tmp_path: Path, short_tmp: Path, reaper: Reaper
+) -> None:
     scenario = tmp_path / "long-serve.yaml"
     scenario.write_text(SCENARIO, encoding="utf-8")
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = short_tmp
     argv = [sys.executable, "-m", "parity.cli", "run", str(scenario), "--tier", "serve"]
     proc = _spawn([*argv, "--target", "engine", "--no-progress"], tmp, tmp_path)
     reaper.append(proc)
