@@ -21,6 +21,13 @@ server pool calls it, because it starts servers ahead of need from worker thread
 processes the handler must reap too). From the moment the reaping begins nothing new is
 started (``spawn`` raises ``HarnessStopping``), and a group spawned just before, whose owner
 had not registered it yet, is reaped from ``spawn``'s own record.
+
+The handler runs only in the main thread, between two bytecodes, while the kernel may hand
+SIGTERM to any thread that does not block it: then a main thread blocked in one long call (a
+lock, a socket read, a ``select``) runs the handler only when that call returns. Seen: beside a
+thread spawning processes, 2 of about 120 SIGTERMs waited out a 600 s sleep of the main thread.
+So the harness's waits that can be long (a server started ahead of need, a broker's lease, a
+scheduler worker's answer) are cut into ``slices`` of at most ``MAIN_WAIT_SLICE_S``.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -47,6 +54,17 @@ class Stoppable(Protocol):
     """Anything that reaps its own process group (``ManagedProcess``, a protocol worker)."""
 
     def stop(self, grace_s: float = 10.0) -> Any: ...
+
+
+MAIN_WAIT_SLICE_S = 0.25  # the longest one blocking call of a harness wait (module docstring)
+
+
+def slices(timeout_s: float) -> Iterator[float]:
+    """``timeout_s`` as a run of waits of at most ``MAIN_WAIT_SLICE_S`` each (what is left of
+    it, capped), so that a signal handler runs between two of them; none once it is spent."""
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(MAIN_WAIT_SLICE_S, left)
 
 
 _LIVE: set[Stoppable] = set()

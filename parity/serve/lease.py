@@ -20,11 +20,12 @@ from typing import Any
 import psutil
 
 from parity._codec import from_json
+from parity.process import slices
 from parity.serve.launch import StartRecipe, StartupRecord
 
 ENV = "PARITY_SERVER_BROKER"  # the broker's socket path, for the runs
 MAX_LINE = 1 << 20  # the longest message either side reads
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # to connect, and for a plain request's answer
 RELEASE_TIMEOUT_S = 60.0  # the broker checks the server before it answers
 LEASE_SLACK_S = 300.0  # beyond the start's own bound: waiting for another run's lease
 
@@ -66,7 +67,7 @@ class LeasedProcess:
         try:
             self._connection.settimeout(RELEASE_TIMEOUT_S)
             self._connection.sendall(b'{"op": "release"}\n')
-            answer = _read_line(self._connection)
+            answer = _read_line(self._connection, RELEASE_TIMEOUT_S)
             self.released = bool(answer.get("kept"))
         except (OSError, BrokerError):
             pass
@@ -84,8 +85,7 @@ class BrokerClient:
         """A server for ``start`` (its record; the process when it started)."""
         connection = self._send({"op": "lease", "recipe": start.to_json()})
         try:
-            connection.settimeout(start.timeout_s + LEASE_SLACK_S)
-            answer = _read_line(connection)
+            answer = _read_line(connection, start.timeout_s + LEASE_SLACK_S)
             record = from_json(StartupRecord, answer["startup"])
         except (OSError, KeyError, TypeError, ValueError) as exc:
             connection.close()
@@ -107,7 +107,7 @@ class BrokerClient:
         """One message, one answer."""
         connection = self._send(message)
         try:
-            return _read_line(connection)
+            return _read_line(connection, CONNECT_TIMEOUT_S)
         finally:
             connection.close()
 
@@ -129,10 +129,20 @@ def broker_from_env() -> BrokerClient | None:
     return BrokerClient(path) if path else None
 
 
-def _read_line(connection: socket.socket) -> dict[str, Any]:
+def _read_line(connection: socket.socket, timeout_s: float) -> dict[str, Any]:
+    """One line's JSON object, within ``timeout_s`` (``TimeoutError`` past it), read in slices
+    (``parity.process.slices``: a lease can take a server's whole start)."""
     data = b""
+    waits = slices(timeout_s)
     while not data.endswith(b"\n"):
-        chunk = connection.recv(65536)
+        wait_s = next(waits, None)
+        if wait_s is None:
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+        connection.settimeout(wait_s)
+        try:
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            continue
         if not chunk:
             break
         data += chunk

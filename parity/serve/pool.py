@@ -36,6 +36,7 @@ from parity.process import (
     forget_at_exit,
     reap_on_sigterm,
     remove_at_exit,
+    slices,
 )
 from parity.serve.launch import (
     GROUP_EXIT_WAIT_S,
@@ -69,10 +70,13 @@ FROM_ENV = object()  # ServerPool(broker=FROM_ENV): the broker the environment n
 
 def _result(future: Future[ServerHandle], timeout: float) -> ServerHandle:
     """A background start's handle (its exception re-raised: a harness bug), bounded."""
-    try:
-        return future.result(timeout=timeout)
-    except FuturesTimeout:
-        raise TimeoutError(f"a server start did not end within {timeout:g} s") from None
+    for wait_s in slices(timeout):  # not one long wait: see parity.process.slices
+        try:
+            return future.result(timeout=wait_s)
+        except FuturesTimeout:
+            if future.done():  # the start itself raised a TimeoutError
+                raise
+    raise TimeoutError(f"a server start did not end within {timeout:g} s")
 
 
 class ServerHandle:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import protocol
-from parity.process import reap_groups, reaped, spawn, track, untrack
+from parity.process import MAIN_WAIT_SLICE_S, reap_groups, reaped, spawn, track, untrack
 
 MAX_LINE_BYTES = 64 << 20  # a longer response line is garbage
 STDERR_LINES = 40  # kept for error messages
@@ -119,7 +119,8 @@ class WorkerProcess:
             raise WorkerError(
                 f"{self.label}: no answer to {what} within {timeout_s:g} s{self._tail_text()}"
             )
-        readable, writable, _ = select.select(reads, writes, [], remaining)
+        # in slices, not one long wait (parity.process.slices): the callers loop until deadline
+        readable, writable, _ = select.select(reads, writes, [], min(remaining, MAIN_WAIT_SLICE_S))
         return readable, writable
 
     def _drain_stderr(self) -> bool:

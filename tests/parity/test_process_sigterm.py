@@ -48,7 +48,7 @@ time.sleep(600)
 UNTRACKED_SPAWNS = """
 import sys, threading, time
 from pathlib import Path
-from parity.process import HarnessStopping, reap_on_sigterm, spawn
+from parity.process import HarnessStopping, reap_on_sigterm, slices, spawn
 
 folder = Path(sys.argv[1])
 reap_on_sigterm()
@@ -66,7 +66,8 @@ def keep_spawning() -> None:
             time.sleep(0.05)
 
 threading.Thread(target=keep_spawning, daemon=True).start()
-time.sleep(600)
+for wait_s in slices(600):  # the main thread waits as the harness's waits do
+    time.sleep(wait_s)
 """
 
 
@@ -137,6 +138,92 @@ def test_groups_spawned_before_their_owner_registered_them_are_reaped(tmp_path: 
     )
     assert returncode == -signal.SIGTERM
     assert len(pids) >= 3 and left == []
+
+
+# SIGTERM handed to a thread other than the main one (the kernel may pick any thread that does
+# not block it; here a helper thread sends it to itself, so it is that thread every time) while
+# the main thread is in one of the harness's long waits: the handler must still run within a
+# slice (parity.process.slices), reap what was started and end the harness. Each program
+# records the pid of the process group it started; the waits would last 300 s otherwise.
+SIGNAL_ELSEWHERE = """
+import os, signal, socket, sys, threading, time
+from pathlib import Path
+from parity.process import reap_on_sigterm
+
+folder = Path(sys.argv[1])
+reap_on_sigterm()
+
+def signal_myself() -> None:
+    group = folder / "group"  # written (whole) once the process group is started
+    deadline = time.monotonic() + 60.0
+    while not group.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the main thread is waiting by now
+    (folder / "pids").write_text(group.read_text())
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=signal_myself, daemon=True).start()
+{wait}
+"""
+WAITS = {
+    # a server started ahead of need on the pool's worker thread, never healthy
+    "pool": """
+from parity.serve.pool import ServerPool
+from parity.serve.spec import ServerConfig
+from parity.serve.targets import parse_target
+server = folder / "server.py"  # never healthy; its pid in the file named first, whole
+server.write_text(
+    "import os, sys, time\\n"
+    "open(sys.argv[1] + '.t', 'w').write(str(os.getpid()))\\n"
+    "os.rename(sys.argv[1] + '.t', sys.argv[1])\\n"
+    "time.sleep(600)\\n"
+)
+spec = parse_target(f"external:{sys.executable} {server} {folder / 'group'} --port {{port}}")
+config = ServerConfig(model="m", engine_args={})
+with ServerPool(folder / "logs", broker=None) as pool:
+    pool.prestart(spec, config, startup_timeout_s=300)
+    pool.get(spec, config, startup_timeout_s=300)
+""",
+    # a broker that takes the lease request and never answers
+    "lease": """
+from parity.process import ManagedProcess
+from parity.serve.launch import StartRecipe
+from parity.serve.lease import BrokerClient
+other = ManagedProcess([sys.executable, "-c", "import time; time.sleep(600)"],
+                       log_path=folder / "other.log")
+(folder / "group").write_text(str(other.pid))
+path = str(folder / "b.sock")
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(path)
+listener.listen()
+def hold() -> None:
+    connection, _ = listener.accept()  # kept open, never answered
+    time.sleep(600)
+threading.Thread(target=hold, daemon=True).start()
+BrokerClient(path).lease(StartRecipe(label="x", argv=("x",), timeout_s=300))
+""",
+    # a scheduler worker that never answers
+    "worker": """
+from parity.targets._pipe import WorkerProcess
+worker = WorkerProcess([sys.executable, "-c", "import time; time.sleep(600)"])
+(folder / "group").write_text(str(worker.proc.pid))
+worker.exchange({"op": "hello"}, timeout_s=300, what="hello")
+""",
+}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("wait", sorted(WAITS))
+def test_sigterm_taken_by_another_thread_still_ends_a_long_wait(tmp_path: Path, wait: str) -> None:
+    code = SIGNAL_ELSEWHERE.replace("{wait}", WAITS[wait])
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, process_group=0)
+    try:
+        returncode = child.wait(timeout=90.0)  # up to 60 s for the start under load
+        pids, left = _left_alive(tmp_path)
+    finally:
+        _clean_up(child, tmp_path)
+    assert returncode == -signal.SIGTERM
+    assert len(pids) == 1 and left == [], (pids, left)
 
 
 # The fake server takes 4 s over a ``generate`` request: the interruption lands while it is in

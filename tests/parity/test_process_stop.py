@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.process import ManagedProcess
+from parity.process import MAIN_WAIT_SLICE_S, ManagedProcess, slices
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,3 +70,16 @@ def test_an_ignored_sigterm_is_killed_after_the_extension(tmp_path: Path) -> Non
 
 # binds a Unix socket in the folder VLLM_RPC_BASE_PATH names and leaves it there, as vLLM does;
 # {sigterm} is what SIGTERM does to it (default: exit; SIG_IGN: only SIGKILL ends it)
+
+
+def test_slices_cut_a_long_wait_into_short_ones() -> None:
+    began = time.monotonic()
+    waits = []
+    for wait_s in slices(1.0):
+        waits.append(wait_s)
+        time.sleep(wait_s)
+    spent = time.monotonic() - began
+    assert all(0 < w <= MAIN_WAIT_SLICE_S for w in waits), waits
+    assert len(waits) >= 1.0 / MAIN_WAIT_SLICE_S
+    assert 1.0 <= spent < 1.0 + MAIN_WAIT_SLICE_S + 0.5  # the whole bound, not one slice more
+    assert list(slices(0.0)) == [] and list(slices(-1.0)) == []
