@@ -74,8 +74,8 @@ def _result(future: Future[ServerHandle], timeout: float) -> ServerHandle:
         try:
             return future.result(timeout=wait_s)
         except FuturesTimeout:
-            if future.done():  # the start itself raised a TimeoutError
-                raise
+            if future.done():  # done since the wait ended, or it raised a TimeoutError itself
+                return future.result()
     raise TimeoutError(f"a server start did not end within {timeout:g} s")
 
 
