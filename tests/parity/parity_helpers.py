@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 
 from contract.trace import StepTrace
+from parity.process import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios" / "scheduler"
@@ -88,3 +91,18 @@ def run_process(argv: list[str], timeout: float = 60) -> tuple[int, str, str]:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=5)
     return process.returncode, out, err
+
+
+def started_python(
+    code: str, log_path: Path, *, env: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> ManagedProcess:
+    """``python -c code`` as a ``ManagedProcess``, once its log says "ready" (bounded); stopped,
+    with an AssertionError carrying its log, when it exits or the bound passes first."""
+    process = ManagedProcess([sys.executable, "-c", code], log_path=log_path, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.alive():
+        if b"ready" in process.log_path.read_bytes():
+            return process
+        time.sleep(0.05)
+    process.stop(grace_s=0.1)
+    raise AssertionError(f"the child never got ready: {process.log_tail()}")

@@ -3,11 +3,11 @@ shutting down, then SIGKILL (``parity/process.py``)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from parity_helpers import started_python
 
 from parity.process import MAIN_WAIT_SLICE_S, ManagedProcess, slices
 
@@ -32,14 +32,7 @@ time.sleep(60)
 
 
 def _started(code: str, tmp_path: Path) -> ManagedProcess:
-    process = ManagedProcess([sys.executable, "-c", code], log_path=tmp_path / "p.log")
-    deadline = time.monotonic() + 20.0  # bounded: until the handler is installed
-    while time.monotonic() < deadline and process.alive():
-        if b"ready" in process.log_path.read_bytes():
-            return process
-        time.sleep(0.05)
-    process.stop(grace_s=0.1)
-    raise AssertionError("the child never got ready")
+    return started_python(code, tmp_path / "p.log", timeout_s=20.0)  # until the handler is in
 
 
 def test_a_slow_exit_past_the_grace_is_waited_for_while_it_shuts_down(tmp_path: Path) -> None:

@@ -4,15 +4,13 @@ cache stays shared, a socket folder the caller names is used (``parity/server_te
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from parity_helpers import started_python
 
-from parity.process import ManagedProcess
 from parity.server_temp import IPC_ENV, private_temp, torch_cache_name
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,22 +48,11 @@ def short_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
         yield Path(folder)
 
 
-def _started(code: str, log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
-    process = ManagedProcess([sys.executable, "-c", code], log_path=log, env=env)
-    deadline = time.monotonic() + 30.0  # bounded: until it has written what it writes
-    while time.monotonic() < deadline and b"ready" not in process.log_path.read_bytes():
-        if not process.alive():
-            break
-        time.sleep(0.05)
-    assert b"ready" in process.log_path.read_bytes(), process.log_tail()
-    return process
-
-
 @pytest.mark.parametrize("sigterm", ["SIG_DFL", "SIG_IGN"])
 def test_what_a_server_leaves_in_its_temp_folder_goes_with_its_group(
     short_temp: Path, tmp_path: Path, sigterm: str
 ) -> None:
-    process = _started(LEAVES_FILES.format(sigterm=sigterm), tmp_path / "p.log")
+    process = started_python(LEAVES_FILES.format(sigterm=sigterm), tmp_path / "p.log")
     folder = process.temp_folder
     assert folder is not None and folder.parent == short_temp
     left = sorted(p.name for p in folder.iterdir())
@@ -78,7 +65,7 @@ def test_what_a_server_leaves_in_its_temp_folder_goes_with_its_group(
 
 
 def test_torch_cache_outlives_the_server(short_temp: Path, tmp_path: Path) -> None:
-    process = _started(COMPILES, tmp_path / "p.log")
+    process = started_python(COMPILES, tmp_path / "p.log")
     folder = process.temp_folder
     assert folder is not None
     process.stop(grace_s=2.0)
@@ -91,7 +78,9 @@ def test_a_socket_folder_the_caller_names_is_used(short_temp: Path, tmp_path: Pa
     with tempfile.TemporaryDirectory(prefix="own-ipc-", ignore_cleanup_errors=True) as folder:
         own = Path(folder)
         env = {**os.environ, IPC_ENV: str(own)}
-        process = _started(LEAVES_FILES.format(sigterm="SIG_DFL"), tmp_path / "p.log", env)
+        process = started_python(
+            LEAVES_FILES.format(sigterm="SIG_DFL"), tmp_path / "p.log", env=env
+        )
         private = process.temp_folder
         assert private is not None
         assert [p for p in own.iterdir() if p.is_socket()], process.log_tail()
